@@ -1,0 +1,28 @@
+"""attnflow: self-attention dynamics of tokens on the sphere.
+
+Simulate causal (decoder-style), full and windowed attention as interacting particles on
+S^{d-1}, and analyse what deep attention stacks do to tokens. The science is that of
+Karagodin, Polyanskiy & Rigollet, *Clustering in Causal Attention Masking* (NeurIPS 2024).
+
+    >>> import attnflow as af
+    >>> x0 = af.sphere.uniform(200, d=2, seed=0)
+    >>> traj = af.simulate(af.Attention(beta=64), x0, t_end=150)
+"""
+
+from attnflow import sphere
+from attnflow.integrate import NonFiniteStateError
+from attnflow.model import Attention
+from attnflow.simulate import simulate
+from attnflow.trajectory import Trajectory, load
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attention",
+    "NonFiniteStateError",
+    "Trajectory",
+    "__version__",
+    "load",
+    "simulate",
+    "sphere",
+]

@@ -1,0 +1,82 @@
+"""Input validation shared by the package: clear errors that name the argument.
+
+Every check raises ValueError (or TypeError for the wrong kind of object) with a message of
+the form "<argument>: expected <what>, received <what>".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def fail(name: str, expected: str, received: Any) -> ValueError:
+    """Build the package's standard error message for a bad argument."""
+    return ValueError(f"{name}: expected {expected}, received {received}")
+
+
+def describe(a: Any) -> str:
+    """A short description of an array-like for error messages."""
+    if isinstance(a, np.ndarray):
+        return f"an array of shape {a.shape} and dtype {a.dtype}"
+    return repr(a)
+
+
+def as_generator(seed: int | np.random.Generator | None) -> np.random.Generator:
+    """A numpy Generator from an int seed, a SeedSequence, a Generator or None."""
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if seed is not None and not isinstance(seed, (int, np.integer, np.random.SeedSequence)):
+        raise fail("seed", "an int, a numpy Generator or None", repr(seed))
+    return np.random.default_rng(seed)
+
+
+def finite_array(name: str, a: Any, ndim: int | None = None, min_ndim: int | None = None,
+                 dtype: Any = None) -> np.ndarray:
+    """Convert to an array and check it is finite (and has the given rank)."""
+    try:
+        arr = np.asarray(a, dtype=dtype)
+    except (TypeError, ValueError) as err:
+        raise fail(name, "a numeric array", repr(a)) from err
+    if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
+        raise fail(name, "a real numeric array", describe(arr))
+    if ndim is not None and arr.ndim != ndim:
+        raise fail(name, f"an array with {ndim} dimensions", describe(arr))
+    if min_ndim is not None and arr.ndim < min_ndim:
+        raise fail(name, f"an array with at least {min_ndim} dimensions", describe(arr))
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        raise fail(name, "finite entries", f"{bad} non-finite entries in {describe(arr)}")
+    return arr
+
+
+def square_matrix(name: str, a: Any, d: int | None = None) -> np.ndarray:
+    """A finite float (d, d) matrix."""
+    arr = finite_array(name, a, ndim=2, dtype=float)
+    if arr.shape[0] != arr.shape[1] or (d is not None and arr.shape[0] != d):
+        want = f"a ({d}, {d}) matrix" if d is not None else "a square matrix"
+        raise fail(name, want, describe(arr))
+    return arr
+
+
+def nonnegative(name: str, value: Any) -> float:
+    """A finite float >= 0."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError) as err:
+        raise fail(name, "a number >= 0", repr(value)) from err
+    if not np.isfinite(v) or v < 0:
+        raise fail(name, "a finite number >= 0", repr(value))
+    return v
+
+
+def positive(name: str, value: Any) -> float:
+    """A finite float > 0."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError) as err:
+        raise fail(name, "a number > 0", repr(value)) from err
+    if not np.isfinite(v) or v <= 0:
+        raise fail(name, "a finite number > 0", repr(value))
+    return v

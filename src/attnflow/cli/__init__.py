@@ -1,0 +1,20 @@
+"""The `attnflow` command line: thin wrappers that parse, call the library, print and write.
+
+Each subcommand lives in its own module and registers itself on `app` here.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="attnflow",
+    help="Simulate and analyse self-attention dynamics of tokens on the sphere.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+from attnflow.cli import simulate as _simulate  # noqa: E402,F401  (registers `simulate`)
+
+__all__ = ["app"]

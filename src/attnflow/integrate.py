@@ -1,0 +1,306 @@
+"""Integrators for tangent fields on the sphere, and the `simulate` driver.
+
+The integrators know nothing about attention: they advance X (..., n, d) under any field
+F(X) tangent to the sphere at each row. Methods (``method=``):
+
+* ``"euler"``: x <- normalize(x + dt F(x)). With dt = 1 this is exactly one attention-only
+  post-LN Transformer layer with a residual connection. Order 1.
+* ``"rk4"``: classical Runge-Kutta 4 on the ambient extension of the field (stages are not
+  renormalised; the sphere is invariant for that extension), then renormalise. Order 4.
+* ``"geodesic"``: Runge-Kutta 4 in normal coordinates: the ODE is pulled back to the
+  tangent space at the current point through the exponential map, integrated there by RK4
+  and mapped back by exp. Stays on the sphere by construction (no renormalisation needed).
+  Order 4. (The Runge-Kutta-Munthe-Kaas idea with the exponential chart of the sphere.)
+* ``"dopri5"``: the adaptive Dormand-Prince 5(4) pair with error control (rtol, atol),
+  renormalisation after each accepted step, and its 4th-order dense output (renormalised)
+  at the requested save times. One step size for the whole batch.
+
+Fixed-step methods divide each interval between consecutive save times into equal steps of
+size at most dt (exactly dt when the interval is a multiple of dt).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnflow._checks import describe, fail, finite_array, nonnegative, positive
+from attnflow.sphere import normalize, project
+
+Field = Callable[[np.ndarray], np.ndarray]
+Progress = Callable[[float], None]
+
+METHODS = ("euler", "rk4", "geodesic", "dopri5")
+FIXED_STEP = ("euler", "rk4", "geodesic")
+DEFAULT_DT = 0.05
+DEFAULT_RTOL = 1e-6
+DEFAULT_ATOL = 1e-9
+
+
+class NonFiniteStateError(FloatingPointError):
+    """Raised when a state becomes non-finite; says when and in which run(s)."""
+
+    def __init__(self, t: float, runs: list[tuple[int, ...]]):
+        self.t = t
+        self.runs = runs
+        shown = ", ".join(str(r) for r in runs[:10]) + (" ..." if len(runs) > 10 else "")
+        super().__init__(
+            f"the state became non-finite at t = {t:.6g} in {len(runs)} run(s) "
+            f"(batch index): {shown}"
+        )
+
+
+@dataclass
+class Solution:
+    """What an integrator returns: states at the save times, and its work."""
+
+    times: np.ndarray  # (T,)
+    states: np.ndarray  # (T, ..., n, d)
+    n_evals: int
+    n_steps: int
+    n_rejected: int
+
+
+# ---------------------------------------------------------------------------- fixed steps
+def euler_step(field: Field, x: np.ndarray, h: float) -> np.ndarray:
+    """One Euler step followed by renormalisation."""
+    return normalize(x + h * field(x))
+
+
+def rk4_step(field: Field, x: np.ndarray, h: float) -> np.ndarray:
+    """One classical RK4 step on the ambient extension of the field, renormalised."""
+    k1 = field(x)
+    k2 = field(x + (h / 2) * k1)
+    k3 = field(x + (h / 2) * k2)
+    k4 = field(x + h * k3)
+    return normalize(x + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4))
+
+
+def exp_chart(x: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The point y = exp_x(v) and the pieces needed to pull tangent vectors at y back to T_x.
+
+    Returns (y, e) where e = d/dr exp_x(r u) is the unit velocity of the geodesic at y
+    (u = v/|v|); see `pullback`.
+    """
+    r = np.linalg.norm(v, axis=-1, keepdims=True)
+    safe = np.where(r > 0, r, 1.0)
+    u = np.where(r > 0, v / safe, 0.0)
+    y = np.cos(r) * x + np.sin(r) * u
+    e = -np.sin(r) * x + np.cos(r) * u
+    return y, e
+
+
+def pullback(x: np.ndarray, v: np.ndarray, y: np.ndarray, e: np.ndarray, z: np.ndarray):
+    """(d exp_x)_v^{-1} z: the tangent vector at x whose image under the differential of
+    exp_x at v is z (tangent at y = exp_x(v)).
+
+    Along the geodesic direction the differential is an isometry (u -> e); orthogonal to it
+    it scales by sin r / r. So the inverse is <z, e> u + (r / sin r) (z - <z, e> e - <z, y> y).
+    """
+    r = np.linalg.norm(v, axis=-1, keepdims=True)
+    safe = np.where(r > 0, r, 1.0)
+    u = np.where(r > 0, v / safe, 0.0)
+    ze = np.sum(z * e, axis=-1, keepdims=True)
+    zy = np.sum(z * y, axis=-1, keepdims=True)
+    ortho = z - ze * e - zy * y
+    return ze * u + ortho / np.sinc(r / np.pi)
+
+
+def geodesic_step(field: Field, x: np.ndarray, h: float) -> np.ndarray:
+    """One RK4 step in the exponential chart at x (stays on the sphere by construction)."""
+
+    def chart_field(v: np.ndarray) -> np.ndarray:
+        y, e = exp_chart(x, v)
+        return project(x, pullback(x, v, y, e, field(y)))
+
+    k1 = project(x, field(x))
+    k2 = chart_field((h / 2) * k1)
+    k3 = chart_field((h / 2) * k2)
+    k4 = chart_field(h * k3)
+    v = project(x, (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4))
+    return exp_chart(x, v)[0]
+
+
+STEPPERS = {"euler": (euler_step, 1), "rk4": (rk4_step, 4), "geodesic": (geodesic_step, 4)}
+
+
+def _fixed(field, x0, times, dt, check, progress) -> Solution:
+    step, evals_per_step = STEPPERS[check]
+    states = [x0]
+    x = x0
+    n_steps = 0
+    for t0, t1 in zip(times[:-1], times[1:]):
+        span = t1 - t0
+        m = max(1, math.ceil(span / dt * (1 - 1e-12))) if span > 0 else 0
+        h = span / m if m else 0.0
+        for i in range(m):
+            x = step(field, x, h)
+            n_steps += 1
+            _check_finite(x, t0 + (i + 1) * h)
+            if progress is not None:
+                progress(t0 + (i + 1) * h)
+        states.append(x)
+    return Solution(np.asarray(times), np.stack(states), n_steps * evals_per_step, n_steps, 0)
+
+
+# ---------------------------------------------------------------------------- Dormand-Prince
+# Butcher tableau of Dormand & Prince (1980), "A family of embedded Runge-Kutta formulae",
+# J. Comput. Appl. Math. 6(1), 19-26; dense output of Shampine (1986), Math. Comp. 46, 135-150,
+# in the polynomial form used by Hairer, Norsett & Wanner, Solving ODEs I, §II.6.
+DP_C = np.array([0, 1 / 5, 3 / 10, 4 / 5, 8 / 9, 1, 1])
+DP_A = [
+    [],
+    [1 / 5],
+    [3 / 40, 9 / 40],
+    [44 / 45, -56 / 15, 32 / 9],
+    [19372 / 6561, -25360 / 2187, 64448 / 6561, -212 / 729],
+    [9017 / 3168, -355 / 33, 46732 / 5247, 49 / 176, -5103 / 18656],
+    [35 / 384, 0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84],
+]
+DP_B = np.array([35 / 384, 0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0])
+DP_E = np.array([71 / 57600, 0, -71 / 16695, 71 / 1920, -17253 / 339200, 22 / 525, -1 / 40])
+# Dense output: y(t + s h) = y + h * sum_i K_i * (P[i] @ [s, s^2, s^3, s^4]).
+DP_P = np.array([
+    [1, -8048581381 / 2820520608, 8663915743 / 2820520608, -12715105075 / 11282082432],
+    [0, 0, 0, 0],
+    [0, 131558114200 / 32700410799, -68118460800 / 10900136933, 87487479700 / 32700410799],
+    [0, -1754552775 / 470086768, 14199869525 / 1410260304, -10690763975 / 1880347072],
+    [0, 127303824393 / 49829197408, -318862633887 / 49829197408, 701980252875 / 199316789632],
+    [0, -282668133 / 205662961, 2019193451 / 616988883, -1453857185 / 822651844],
+    [0, 40617522 / 29380423, -110615467 / 29380423, 69997945 / 29380423],
+])
+
+
+def _combine(coeffs, ks) -> np.ndarray:
+    out = None
+    for c, k in zip(coeffs, ks):
+        if c != 0:
+            out = c * k if out is None else out + c * k
+    return out
+
+
+def _dopri5(field, x0, times, dt, rtol, atol, progress) -> Solution:
+    t_end = float(times[-1])
+    t = float(times[0])
+    x = x0
+    f = field(x)
+    n_evals = 1
+    out = [x0]
+    nxt = 1
+    h = dt if dt is not None else _initial_step(field, x, f, rtol, atol)
+    n_evals += 0 if dt is not None else 1
+    n_steps = n_rejected = 0
+    while nxt < len(times):
+        h = min(h, t_end - t)
+        ks = [f]
+        for i in range(1, 7):
+            ks.append(field(x + h * _combine(DP_A[i], ks)))
+        n_evals += 6
+        x_new = x + h * _combine(DP_B, ks)
+        err = h * _combine(DP_E, ks)
+        scale = atol + rtol * np.maximum(np.abs(x), np.abs(x_new))
+        err_norm = float(np.sqrt(np.mean((err / scale) ** 2)))
+        if not np.isfinite(err_norm):
+            _check_finite(x_new, t + h)
+        if err_norm <= 1.0:
+            t_new = t + h
+            while nxt < len(times) and times[nxt] <= t_new * (1 + 1e-14):
+                s = (times[nxt] - t) / h
+                q = DP_P @ np.array([s, s**2, s**3, s**4])
+                out.append(normalize(x + h * _combine(q, ks)))
+                nxt += 1
+            t, x = t_new, normalize(x_new)
+            _check_finite(x, t)
+            f = field(x)  # not FSAL after renormalisation: the field at the projected point
+            n_evals += 1
+            n_steps += 1
+            if progress is not None:
+                progress(t)
+            factor = 5.0 if err_norm == 0 else min(5.0, 0.9 * err_norm ** (-1 / 5))
+        else:
+            n_rejected += 1
+            factor = max(0.2, 0.9 * err_norm ** (-1 / 5))
+        h *= factor
+        if h < 1e-14 * max(1.0, abs(t)):
+            raise FloatingPointError(f"dopri5: step size underflow at t = {t:.6g}")
+    return Solution(np.asarray(times), np.stack(out), n_evals, n_steps, n_rejected)
+
+
+def _initial_step(field, x, f, rtol, atol) -> float:
+    """Starting step of Hairer, Norsett & Wanner (II.4), for a 5th order method."""
+    scale = atol + rtol * np.abs(x)
+    d0 = np.sqrt(np.mean((x / scale) ** 2))
+    d1 = np.sqrt(np.mean((f / scale) ** 2))
+    h0 = 1e-6 if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
+    f1 = field(x + h0 * f)
+    d2 = np.sqrt(np.mean(((f1 - f) / scale) ** 2)) / h0
+    h1 = max(1e-6, h0 * 1e-3) if max(d1, d2) <= 1e-15 else (0.01 / max(d1, d2)) ** (1 / 5)
+    return float(min(100 * h0, h1))
+
+
+def _check_finite(x: np.ndarray, t: float) -> None:
+    ok = np.isfinite(x).all(axis=(-1, -2))
+    if not np.all(ok):
+        runs = [tuple(int(i) for i in idx) for idx in np.argwhere(~np.asarray(ok))]
+        raise NonFiniteStateError(float(t), runs or [()])
+
+
+# ---------------------------------------------------------------------------- driver
+def integrate(
+    field: Field,
+    x0: np.ndarray,
+    times: np.ndarray,
+    method: str = "rk4",
+    dt: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    progress: Progress | None = None,
+) -> Solution:
+    """Advance x0 (..., n, d) from t = 0 under `field`; return the states at `times`
+    (strictly increasing, >= 0). See the module docstring for the methods."""
+    keep_start = times[0] == 0.0
+    if not keep_start:
+        times = np.concatenate([[0.0], times])
+    sol = _solve(field, x0, times, method, dt, rtol, atol, progress)
+    if not keep_start:
+        sol.times, sol.states = sol.times[1:], sol.states[1:]
+    return sol
+
+
+def _solve(field, x0, times, method, dt, rtol, atol, progress) -> Solution:
+    if method in FIXED_STEP:
+        return _fixed(field, x0, times, DEFAULT_DT if dt is None else dt, method, progress)
+    return _dopri5(field, x0, times, dt, DEFAULT_RTOL if rtol is None else rtol,
+                   DEFAULT_ATOL if atol is None else atol, progress)
+
+
+def check_solver_args(
+    method: Any, t_end: Any, save_at: Any, dt: Any, rtol: Any, atol: Any
+) -> tuple[float, np.ndarray, float | None, float | None, float | None]:
+    """Validate the integration arguments; return (t_end, save times, dt, rtol, atol)."""
+    if method not in METHODS:
+        raise fail("method", f"one of {METHODS}", repr(method))
+    t_end = nonnegative("t_end", t_end)
+    dt = None if dt is None else positive("dt", dt)
+    rtol = None if rtol is None else positive("rtol", rtol)
+    atol = None if atol is None else positive("atol", atol)
+    if method in FIXED_STEP and (rtol is not None or atol is not None):
+        raise fail("rtol/atol", f"None for the fixed-step method {method!r} (use dt)",
+                   f"rtol={rtol}, atol={atol}")
+    if save_at is None:
+        save = np.linspace(0.0, t_end, 101) if t_end > 0 else np.zeros(1)
+    else:
+        save = finite_array("save_at", save_at, dtype=float)
+        save = np.atleast_1d(save)
+        if save.ndim != 1 or save.size == 0:
+            raise fail("save_at", "a non-empty 1-d list of times", describe(save))
+        if np.any(np.diff(save) <= 0) or save[0] < 0 or save[-1] > t_end * (1 + 1e-12):
+            raise fail("save_at", f"strictly increasing times in [0, t_end = {t_end}]",
+                       describe(save) + f" from {save[0]} to {save[-1]}")
+    if save[-1] < t_end:
+        save = np.append(save, t_end)
+    return t_end, save, dt, rtol, atol

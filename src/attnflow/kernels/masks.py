@@ -1,0 +1,79 @@
+"""Attention masks: which keys each query token may attend to.
+
+A mask spec is one of
+* ``"causal"``: token k attends to tokens 1..k (decoder-style);
+* ``"full"``: every token attends to every token;
+* ``("window", w)``: token k attends to tokens k-w+1..k (causal sliding window, w >= 1);
+* a boolean (n, n) array, entry [k, j] True when token k attends to token j.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import numpy as np
+
+from attnflow._checks import describe, fail
+
+MaskSpec = Union[str, tuple, np.ndarray]
+
+
+def check_mask(mask: Any) -> MaskSpec:
+    """Validate a mask spec and return its canonical form (see module docstring)."""
+    if isinstance(mask, str):
+        if mask in ("causal", "full"):
+            return mask
+        raise fail("mask", "'causal', 'full', ('window', w) or a boolean (n, n) array", repr(mask))
+    if isinstance(mask, (tuple, list)) and len(mask) == 2 and mask[0] == "window":
+        w = mask[1]
+        if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer)) or w < 1:
+            raise fail("mask", "a window width w >= 1 (an integer) in ('window', w)", repr(w))
+        return ("window", int(w))
+    if isinstance(mask, np.ndarray) or isinstance(mask, (list, tuple)):
+        arr = np.asarray(mask)
+        if arr.dtype != bool or arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
+            raise fail("mask", "a boolean (n, n) array", describe(arr))
+        return arr
+    raise fail("mask", "'causal', 'full', ('window', w) or a boolean (n, n) array", repr(mask))
+
+
+def mask_matrix(mask: MaskSpec, n: int) -> np.ndarray:
+    """The boolean (n, n) matrix of a canonical mask spec; entry [k, j]: k attends to j."""
+    if isinstance(mask, np.ndarray):
+        if mask.shape != (n, n):
+            raise fail("mask", f"a boolean ({n}, {n}) array for n = {n} tokens", describe(mask))
+        return mask
+    if mask == "full":
+        return np.ones((n, n), dtype=bool)
+    k = np.arange(n)[:, None]
+    j = np.arange(n)[None, :]
+    if mask == "causal":
+        return j <= k
+    w = mask[1]
+    return (j <= k) & (j > k - w)
+
+
+def is_lower_triangular(mask: MaskSpec) -> bool:
+    """True when the mask never lets a token see a later token (causal, window, or such an
+    array): then token k's dynamics depend on tokens 1..k only."""
+    if isinstance(mask, np.ndarray):
+        return not np.any(np.triu(mask, 1))
+    return mask != "full"
+
+
+def mask_to_record(mask: MaskSpec) -> Any:
+    """A JSON-friendly record of a mask spec (arrays as nested lists of bools)."""
+    if isinstance(mask, np.ndarray):
+        return {"array": mask.astype(int).tolist()}
+    if isinstance(mask, tuple):
+        return list(mask)
+    return mask
+
+
+def mask_from_record(rec: Any) -> MaskSpec:
+    """Inverse of `mask_to_record`."""
+    if isinstance(rec, dict):
+        return np.asarray(rec["array"], dtype=bool)
+    if isinstance(rec, list):
+        return ("window", int(rec[1]))
+    return rec
