@@ -3,8 +3,10 @@
 The integrators know nothing about attention: they advance X (..., n, d) under any field
 F(X) tangent to the sphere at each row. Methods (``method=``):
 
-* ``"euler"``: x <- normalize(x + dt F(x)). With dt = 1 this is exactly one attention-only
-  post-LN Transformer layer with a residual connection. Order 1.
+* ``"euler"``: x <- normalize(x + dt D(x)), where D is the ambient drift whose tangent part is
+  the field (for attention, the unprojected attention output; D = F when no drift is given).
+  With dt = 1 this is exactly one attention-only post-LN Transformer layer with a residual
+  connection, normalize(x + attn(x)). Order 1.
 * ``"rk4"``: classical Runge-Kutta 4 on the ambient extension of the field (stages are not
   renormalised; the sphere is invariant for that extension), then renormalise. Order 4.
 * ``"geodesic"``: Runge-Kutta 4 in normal coordinates: the ODE is pulled back to the
@@ -128,8 +130,8 @@ def geodesic_step(field: Field, x: np.ndarray, h: float) -> np.ndarray:
 STEPPERS = {"euler": (euler_step, 1), "rk4": (rk4_step, 4), "geodesic": (geodesic_step, 4)}
 
 
-def _fixed(field, x0, times, dt, check, progress) -> Solution:
-    step, evals_per_step = STEPPERS[check]
+def _fixed(field, x0, times, dt, method, progress) -> Solution:
+    step, evals_per_step = STEPPERS[method]
     states = [x0]
     x = x0
     n_steps = 0
@@ -259,12 +261,16 @@ def integrate(
     rtol: float | None = None,
     atol: float | None = None,
     progress: Progress | None = None,
+    drift: Field | None = None,
 ) -> Solution:
     """Advance x0 (..., n, d) from t = 0 under `field`; return the states at `times`
-    (strictly increasing, >= 0). See the module docstring for the methods."""
+    (strictly increasing, >= 0). See the module docstring for the methods; `drift` is the
+    ambient drift used by "euler" (default: the field itself)."""
     keep_start = times[0] == 0.0
     if not keep_start:
         times = np.concatenate([[0.0], times])
+    if method == "euler" and drift is not None:
+        field = drift
     sol = _solve(field, x0, times, method, dt, rtol, atol, progress)
     if not keep_start:
         sol.times, sol.states = sol.times[1:], sol.states[1:]

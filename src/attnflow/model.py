@@ -2,7 +2,7 @@
 
 For tokens X of shape (..., n, d) (rows are tokens) and one head (Q, K, V), token k moves by
 
-    dx_k/dt = P_{x_k}( sum_j A_kj V x_j ),   A_kj = softmax_j( beta <Q x_k, K x_j> ) over j in mask(k)
+    dx_k/dt = P_{x_k}( sum_j A_kj V x_j ),  A_kj = softmax_j( beta <Q x_k, K x_j> ), j in mask(k)
 
 with P_x y = y - <x, y> x. Several heads are summed (``combine="sum"``, the default, as in a
 Transformer layer whose head outputs add into the residual stream) or averaged
@@ -144,8 +144,11 @@ class Attention:
         )
 
     def field(self, X: Any) -> np.ndarray:
-        """The velocity field F(X) = P_X(attention output), shape (..., n, d)."""
-        X = self.check_tokens(X)
+        """The velocity field F(X) = P_X(attention output), shape (..., n, d), after checking X."""
+        return self.tangent_field(self.check_tokens(X))
+
+    def tangent_field(self, X: np.ndarray) -> np.ndarray:
+        """`field` without the input checks: the integrators' hot path."""
         return project(X, self.attention_output(X))
 
     def attention_matrix(self, X: Any, head: int = 0) -> np.ndarray:

@@ -43,6 +43,7 @@ def simulate(
     save_at : increasing save times in [0, t_end]; default 101 evenly spaced times from 0 to
         t_end. t_end is always saved.
     method : "rk4" (default), "euler", "geodesic" or "dopri5" (see `attnflow.integrate`).
+        "euler" steps x <- normalize(x + dt attn(x)): with dt = 1, one post-LN layer.
     dt : step of the fixed-step methods (default 0.05); initial step for "dopri5".
     rtol, atol : tolerances of "dopri5" (defaults 1e-6 and 1e-9).
     progress : True for a progress bar on stderr, or a callable receiving the current time.
@@ -66,7 +67,8 @@ def simulate(
                        "normalize=True)", f"norms off 1 by up to {off:.3g}")
     with _progress(progress, t_end) as report:
         start = time.perf_counter()
-        sol = integrate(model.field, x0, times, method, dt, rtol, atol, report)
+        sol = integrate(model.tangent_field, x0, times, method, dt, rtol, atol, report,
+                        drift=model.attention_output)
         wall = time.perf_counter() - start
     integrator = {"method": method, "dt": dt, "rtol": rtol, "atol": atol,
                   "n_steps": sol.n_steps, "n_rejected": sol.n_rejected}

@@ -15,6 +15,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+@app.callback()
+def main() -> None:
+    """Simulate and analyse self-attention dynamics of tokens on the sphere."""
+
 from attnflow.cli import simulate as _simulate  # noqa: E402,F401  (registers `simulate`)
 
 __all__ = ["app"]

@@ -1,0 +1,16 @@
+"""Shared fixtures: small random problems with fixed seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def random_matrix(rng: np.random.Generator, d: int) -> np.ndarray:
+    """A Gaussian (d, d) matrix with entries of variance 1/d."""
+    return rng.standard_normal((d, d)) / np.sqrt(d)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(12345)

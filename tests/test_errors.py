@@ -1,0 +1,73 @@
+"""Every bad input gets a ValueError naming the argument, the expectation and what came."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attnflow as af
+from attnflow.sphere import uniform
+
+X = uniform(5, 3, 0)
+MODEL = af.Attention(beta=1.0)
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    ({"Q": np.eye(2), "V": np.eye(3)}, r"Q, K, V, memory: expected .* one dimension d"),
+    ({"Q": np.ones((3, 2))}, r"Q: expected a \(3, 3\) matrix, received an array of shape \(3, 2\)"),
+    ({"K": [[np.nan, 0], [0, 1]]}, r"K: expected finite entries, received 1 non-finite"),
+    ({"beta": -1.0}, r"beta: expected a finite number >= 0, received -1.0"),
+    ({"beta": "hot"}, r"beta: expected a number >= 0, received 'hot'"),
+    ({"mask": "diagonal"}, r"mask: expected 'causal', 'full', \('window', w\)"),
+    ({"mask": ("window", 0)}, r"mask: expected a window width w >= 1"),
+    ({"mask": np.ones((3, 4), bool)}, r"mask: expected a boolean \(n, n\) array"),
+    ({"combine": "max"}, r"combine: expected 'sum' or 'mean', received 'max'"),
+    ({"backend": "cuda9"}, r"backend: expected one of .*received 'cuda9'"),
+    ({"heads": []}, r"heads: expected a non-empty list"),
+    ({"heads": [(None, None, None)], "V": np.eye(2)}, r"heads: expected None when Q, K or V"),
+    ({"memory": (np.ones((1, 3)), [1.0])}, r"memory points: expected unit vectors .*off 1 by"),
+    ({"memory": (np.eye(3)[:1], [0.0])}, r"memory weights: expected multiplicities > 0"),
+    ({"memory": (np.eye(3)[:2], [1.0])}, r"memory weights: expected an array of shape \(2,\)"),
+    ({"memory": np.eye(3)}, r"memory: expected a \(points, weights\) pair"),
+])
+def test_model_arguments(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        af.Attention(**kwargs)
+
+
+@pytest.mark.parametrize("x0,kwargs,pattern", [
+    (X[:, :2], {"model": af.Attention(V=np.eye(3))},
+     r"x0: expected an array of shape \(\.\.\., n, 3\), received .*\(5, 2\)"),
+    (X[0], {}, r"x0: expected an array with at least 2 dimensions"),
+    (np.where(np.eye(5, 3) > 0, np.nan, X), {}, r"x0: expected finite entries, received 3 non"),
+    (2 * X, {}, r"x0: expected unit vectors .*normalize=True.*off 1 by up to 1"),
+    (X, {"t_end": -1.0}, r"t_end: expected a finite number >= 0, received -1.0"),
+    (X, {"dt": 0.0}, r"dt: expected a finite number > 0, received 0.0"),
+    (X, {"method": "rk45"}, r"method: expected one of .*'dopri5'.*received 'rk45'"),
+    (X, {"rtol": 1e-6}, r"rtol/atol: expected None for the fixed-step method 'rk4'"),
+    (X, {"save_at": [0.0, 2.0, 1.0]}, r"save_at: expected strictly increasing times"),
+    (X, {"save_at": [0.5, 3.0]}, r"save_at: expected strictly increasing times in \[0, t_end"),
+    (X, {"model": "attention"}, r"model: expected an attnflow.Attention, received str"),
+])
+def test_simulate_arguments(x0, kwargs, pattern):
+    args = {"model": MODEL, "t_end": 1.0, **kwargs}
+    with pytest.raises(ValueError, match=pattern):
+        af.simulate(args.pop("model"), x0, **args)
+
+
+def test_off_sphere_tokens_are_accepted_with_normalize():
+    traj = af.simulate(MODEL, 2 * X, 0.5, normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(traj.final, axis=-1), 1.0, atol=1e-14)
+
+
+def test_mask_array_must_match_the_number_of_tokens():
+    with pytest.raises(ValueError, match=r"x0: expected n = 4 tokens to match the \(n, n\) mask"):
+        af.simulate(af.Attention(mask=np.tril(np.ones((4, 4), bool))), X, 1.0)
+
+
+def test_unknown_file_kind_is_refused(tmp_path):
+    traj = af.simulate(MODEL, X, 0.1)
+    with pytest.raises(ValueError, match=r"path: expected a file name ending in one of"):
+        traj.save(tmp_path / "run.csv")
+    with pytest.raises(FileNotFoundError, match="no trajectory at"):
+        af.load(tmp_path / "missing.nc")

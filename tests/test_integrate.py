@@ -1,0 +1,152 @@
+"""Integrators: invariants, causality, accuracy against scipy, orders, Theorem 4.1 in small."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import random_matrix
+from scipy.integrate import solve_ivp
+
+import attnflow as af
+from attnflow.integrate import METHODS
+from attnflow.sphere import geodesic_distance, normalize, uniform
+
+FIXED = ["euler", "rk4", "geodesic"]
+
+
+def small_problem(seed=0, n=16, d=3, beta=4.0, mask="causal", V="random"):
+    rng = np.random.default_rng(seed)
+    Q, K = random_matrix(rng, d), random_matrix(rng, d)
+    V = random_matrix(rng, d) if V == "random" else V
+    return af.Attention(Q, K, V, beta=beta, mask=mask), uniform(n, d, rng)
+
+
+def kwargs_for(method):
+    return {"rtol": 1e-8, "atol": 1e-10} if method == "dopri5" else {"dt": 0.05}
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_norms_stay_one(method):
+    model, x0 = small_problem()
+    traj = af.simulate(model, x0, 5.0, method=method, **kwargs_for(method))
+    np.testing.assert_allclose(np.linalg.norm(traj.states, axis=-1), 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_first_token_is_fixed_when_V_is_identity(method):
+    model, x0 = small_problem(V=None)
+    traj = af.simulate(model, x0, 5.0, method=method, **kwargs_for(method))
+    assert np.max(np.abs(traj.states[:, 0] - x0[0])) <= 1e-15
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("mask", ["causal", ("window", 4)], ids=str)
+def test_causality_perturbing_token_k_leaves_earlier_tokens(method, mask):
+    model, x0 = small_problem(mask=mask)
+    k = 7
+    x1 = x0.copy()
+    x1[k:] = normalize(x1[k:] + 0.1)
+    a = af.simulate(model, x0, 4.0, method=method, **kwargs_for(method)).states
+    b = af.simulate(model, x1, 4.0, method=method, **kwargs_for(method)).states
+    assert not np.allclose(a[-1, k:], b[-1, k:])
+    if method in FIXED:
+        assert np.array_equal(a[:, :k], b[:, :k])  # bit-identical
+    else:  # adaptive steps depend on all tokens: equal within the tolerance
+        np.testing.assert_allclose(a[:, :k], b[:, :k], atol=1e-6)
+
+
+def reference_solution(model, x0, t_end):
+    """scipy's DOP853 at rtol 1e-11 on the flattened ODE: the independent truth."""
+    shape = x0.shape
+    sol = solve_ivp(lambda t, y: model.field(y.reshape(shape)).ravel(), (0, t_end), x0.ravel(),
+                    method="DOP853", rtol=1e-11, atol=1e-13)
+    return sol.y[:, -1].reshape(shape)
+
+
+@pytest.fixture(scope="module")
+def accuracy_case():
+    model, x0 = small_problem(seed=1, n=16, d=3, beta=4.0)
+    return model, x0, reference_solution(model, x0, 10.0)
+
+
+@pytest.mark.parametrize("method,opts", [("rk4", {"dt": 0.02}), ("geodesic", {"dt": 0.02}),
+                                         ("dopri5", {"rtol": 1e-9, "atol": 1e-11})])
+def test_agrees_with_scipy_dop853(accuracy_case, method, opts):
+    model, x0, ref = accuracy_case
+    got = af.simulate(model, x0, 10.0, save_at=[10.0], method=method, **opts).final
+    assert np.max(np.abs(got - ref)) < 1e-7
+
+
+@pytest.mark.parametrize("method,order,dt", [("euler", 1, 0.02), ("rk4", 4, 0.1),
+                                             ("geodesic", 4, 0.1)])
+def test_order_of_convergence(accuracy_case, method, order, dt):
+    model, x0, ref = accuracy_case
+    errors = [np.max(np.abs(af.simulate(model, x0, 10.0, save_at=[10.0], method=method,
+                                        dt=h).final - ref)) for h in (dt, dt / 2)]
+    ratio = errors[0] / errors[1]
+    assert 2 ** order * 0.8 < ratio < 2 ** order * 1.25, (errors, ratio)
+
+
+def test_dopri5_dense_output_matches_reference_at_save_times(accuracy_case):
+    model, x0, _ = accuracy_case
+    save = np.linspace(0, 3, 31)
+    traj = af.simulate(model, x0, 3.0, save_at=save, method="dopri5", rtol=1e-9, atol=1e-11)
+    sol = solve_ivp(lambda t, y: model.field(y.reshape(x0.shape)).ravel(), (0, 3), x0.ravel(),
+                    method="DOP853", rtol=1e-11, atol=1e-13, t_eval=save)
+    ref = sol.y.T.reshape(len(save), *x0.shape)
+    assert np.max(np.abs(traj.states - ref)) < 1e-7
+    # Dense output: save times do not force extra steps.
+    alone = af.simulate(model, x0, 3.0, save_at=[3.0], method="dopri5", rtol=1e-9, atol=1e-11)
+    assert traj.integrator["n_steps"] == alone.integrator["n_steps"]
+
+
+def test_euler_with_dt_one_is_a_post_ln_transformer_layer(rng):
+    d, n, beta = 4, 6, 1.5
+    Q, K, V = (random_matrix(rng, d) for _ in range(3))
+    X = uniform(n, d, rng)
+    traj = af.simulate(af.Attention(Q, K, V, beta=beta), X, 3.0, save_at=[1, 2, 3],
+                       method="euler", dt=1.0)
+    x = X
+    for layer in range(3):  # textbook layer: causal softmax attention, residual, normalise
+        scores = beta * (x @ Q.T) @ (x @ K.T).T
+        scores[np.triu_indices(n, 1)] = -np.inf
+        A = np.exp(scores - scores.max(axis=1, keepdims=True))
+        A /= A.sum(axis=1, keepdims=True)
+        x = normalize(x + A @ (x @ V.T))
+        np.testing.assert_allclose(traj.states[layer], x, atol=1e-14)
+
+
+def test_theorem41_small():
+    """V = I, Gaussian Q, K (variance 1/d), n = 32, d = 3, beta = 1, 20 seeds: every token
+    ends within 1e-3 of x_1(0) by t = 300 (dopri5, rtol 1e-8)."""
+    d, n = 3, 32
+    rng = np.random.default_rng(2024)
+    worst = []
+    for _ in range(20):
+        Q, K = random_matrix(rng, d), random_matrix(rng, d)
+        x0 = uniform(n, d, rng)
+        traj = af.simulate(af.Attention(Q, K, beta=1.0), x0, 300.0, save_at=[300.0],
+                           method="dopri5", rtol=1e-8, atol=1e-10)
+        worst.append(geodesic_distance(traj.final, x0[0]).max())
+    assert max(worst) < 1e-3, worst
+
+
+def test_heavy_memory_point_pulls_every_token(rng):
+    d = 3
+    center = normalize(np.array([1.0, 2.0, -0.5]))
+    x0 = uniform((4, 10), d, rng)
+    model = af.Attention(beta=1.0, mask="full", memory=(center[None], np.array([1e8])))
+    traj = af.simulate(model, x0, 40.0, save_at=[40.0], method="dopri5")
+    assert geodesic_distance(traj.final, center).max() < 1e-6
+
+
+def test_nonfinite_state_stops_with_time_and_run():
+    class Exploding(af.Attention):
+        def tangent_field(self, X):
+            F = super().tangent_field(X)
+            F[1] = np.nan  # run 1 blows up
+            return F
+
+    x0 = uniform((3, 5), 2, 0)
+    with pytest.raises(af.NonFiniteStateError, match=r"t = 0\.1 in 1 run.*\(1,\)"):
+        af.simulate(Exploding(beta=1.0), x0, 1.0, save_at=[1.0], method="rk4", dt=0.1)

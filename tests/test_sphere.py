@@ -1,0 +1,90 @@
+"""Geometry of the sphere: closed forms and hypothesis property tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from attnflow import sphere
+
+vectors = arrays(np.float64, st.integers(2, 6).map(lambda d: (d,)),
+                 elements=st.floats(-10, 10, allow_nan=False))
+
+
+def _nonzero(v: np.ndarray) -> bool:
+    return np.linalg.norm(v) > 1e-3
+
+
+@pytest.mark.parametrize("a", [1e-12, 1e-8, 1e-4, 0.3, 2.0, np.pi - 1e-4, np.pi - 1e-9])
+def test_geodesic_distance_is_accurate_near_0_and_pi(a):
+    x = np.array([1.0, 0.0, 0.0])
+    y = np.array([np.cos(a), np.sin(a), 0.0])
+    assert sphere.geodesic_distance(x, y) == pytest.approx(a, rel=1e-7, abs=1e-15)
+
+
+def test_pairwise_geodesic_matches_pairs(rng):
+    X = sphere.uniform(7, 4, rng)
+    Y = sphere.uniform(5, 4, rng)
+    D = sphere.pairwise_geodesic(X, Y)
+    ref = sphere.geodesic_distance(X[:, None, :], Y[None, :, :])
+    np.testing.assert_allclose(D, ref, atol=1e-7)
+
+
+def test_uniform_is_reproducible_and_uniform():
+    a = sphere.uniform((3, 50), 3, seed=7)
+    b = sphere.uniform((3, 50), 3, seed=7)
+    assert a.shape == (3, 50, 3)
+    assert np.array_equal(a, b)
+    np.testing.assert_allclose(np.linalg.norm(a, axis=-1), 1.0, atol=1e-15)
+    big = sphere.uniform(200_000, 3, seed=1)
+    # E[x] = 0 and E[x x^T] = I/3 for the uniform law on S^2 (standard errors ~ 1e-3).
+    np.testing.assert_allclose(big.mean(axis=0), 0.0, atol=6e-3)
+    np.testing.assert_allclose(big.T @ big / len(big), np.eye(3) / 3, atol=6e-3)
+
+
+def test_uniform_rejects_bad_dimension():
+    with pytest.raises(ValueError, match="d: expected an integer >= 1"):
+        sphere.uniform(3, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(vectors, vectors)
+def test_projection_is_tangent_and_idempotent(x, y):
+    if not _nonzero(x) or x.shape != y.shape:
+        return
+    x = sphere.normalize(x)
+    p = sphere.project(x, y)
+    assert abs(p @ x) <= 1e-12 * max(1.0, np.abs(y).sum())
+    np.testing.assert_allclose(sphere.project(x, p), p, atol=1e-12 * max(1.0, np.abs(y).sum()))
+
+
+@settings(max_examples=60, deadline=None)
+@given(vectors, vectors, st.floats(0.0, 3.0))
+def test_exp_map_walks_the_geodesic(x, v, length):
+    if not _nonzero(x) or x.shape != v.shape:
+        return
+    x = sphere.normalize(x)
+    t = sphere.project(x, v)
+    if np.linalg.norm(t) < 1e-6:
+        return
+    t = length * t / np.linalg.norm(t)
+    y = sphere.exp_map(x, t)
+    assert np.linalg.norm(y) == pytest.approx(1.0, abs=1e-14)
+    assert sphere.geodesic_distance(x, y) == pytest.approx(length, abs=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(vectors, vectors)
+def test_geodesic_distance_is_symmetric_and_rotation_invariant(x, y):
+    if not (_nonzero(x) and _nonzero(y)) or x.shape != y.shape:
+        return
+    x, y = sphere.normalize(x), sphere.normalize(y)
+    d = len(x)
+    R = np.linalg.qr(np.random.default_rng(d).standard_normal((d, d)))[0]
+    dist = sphere.geodesic_distance(x, y)
+    assert dist == pytest.approx(sphere.geodesic_distance(y, x), abs=1e-15)
+    assert dist == pytest.approx(sphere.geodesic_distance(R @ x, R @ y), abs=1e-12)
+    assert 0.0 <= dist <= np.pi
