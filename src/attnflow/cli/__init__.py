@@ -20,5 +20,6 @@ def main() -> None:
     """Simulate and analyse self-attention dynamics of tokens on the sphere."""
 
 from attnflow.cli import simulate as _simulate  # noqa: E402,F401  (registers `simulate`)
+from attnflow.cli import reproduce as _reproduce  # noqa: E402,F401
 
 __all__ = ["app"]

@@ -1,0 +1,74 @@
+"""`attnflow reproduce`: every claim and figure of the paper, with numbers, pictures, a report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from attnflow.cli import app
+
+
+@app.command()
+def reproduce(
+    names: list[str] = typer.Argument(None, help="Recipes to run (default: all). "
+                                      "`attnflow reproduce --list` shows them."),
+    full: bool = typer.Option(False, "--full/--quick", help="The paper's sizes (slow) or the "
+                              "quick default sizes (all recipes in minutes)."),
+    out: Path = typer.Option(Path("reproduction"), "--out", "-o", help="Output folder."),
+    seed: int = typer.Option(0, help="Master seed of every recipe."),
+    force: bool = typer.Option(False, help="Rerun recipes whose results already exist."),
+    model: Path = typer.Option(None, help="Checkpoint folder for the `spectra` recipe "
+                               "(default: the MiniLM weights if installed)."),
+    list_: bool = typer.Option(False, "--list", help="List the recipes and exit."),
+) -> None:
+    """Run the reproduction recipes; write per-recipe figures and JSON, and
+    OUT/report.md + OUT/report.html led by a claims table.
+
+    Finished recipes in OUT are reused when their size, parameters and seed match.
+    """
+    from attnflow.experiments import RECIPES
+    from attnflow.report import claims_table, write_report
+    from attnflow.reproduce import load_results
+    from attnflow.reproduce import reproduce as run
+
+    console = Console()
+    if list_:
+        for name, recipe in RECIPES.items():
+            console.print(f"[bold]{name:16}[/bold] {recipe.TITLE}  "
+                          f"(full size: about {recipe.FULL_MINUTES} min on 2 cores)")
+        return
+    size = "full" if full else "quick"
+    chosen = names or list(RECIPES)
+    if full:
+        minutes = sum(RECIPES[n].FULL_MINUTES for n in chosen if n in RECIPES)
+        console.print(f"Full sizes: expect about {minutes} minutes on 2 cores.")
+    overrides = {"spectra": {"model": str(model)}} if model is not None and \
+        "spectra" in chosen else None
+    columns = (TextColumn("{task.description:16}"), BarColumn(), TextColumn(
+        "{task.percentage:>3.0f}%"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as bar:
+        def progress(name: str):
+            task = bar.add_task(name, total=1.0)
+            return lambda fraction: bar.update(task, completed=fraction)
+
+        def on_start(name: str, reused: bool) -> None:
+            if reused:
+                bar.add_task(f"{name} (reused)", total=1.0, completed=1.0)
+
+        try:
+            run(chosen, size=size, out=out, seed=seed, force=force, overrides=overrides,
+                progress=progress, on_start=on_start)
+        except ValueError as err:
+            console.print(f"[red]error:[/red] {err}")
+            raise typer.Exit(2) from None
+    results = load_results(out)
+    md, html = write_report(results, out)
+    table = Table("recipe", "claim", "measured", "verdict", show_lines=False)
+    for row in claims_table([r for r in results if r["name"] in chosen]):
+        table.add_row(row[0], row[1], row[3], row[4])
+    console.print(table)
+    console.print(f"Report: {md} and {html}")

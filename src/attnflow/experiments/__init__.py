@@ -1,0 +1,18 @@
+"""Reproduction recipes: one module per claim or figure of the paper (SCIENCE.md §§2-5).
+
+`RECIPES` maps each recipe's name to its module, in the order of the report. The contract a
+recipe module fulfils is described in `attnflow.experiments._recipe`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+NAMES: tuple[str, ...] = ("thm41",)
+
+RECIPES: dict[str, ModuleType] = {
+    name: importlib.import_module(f"attnflow.experiments.{name}") for name in NAMES
+}
+
+__all__ = ["NAMES", "RECIPES"]

@@ -1,0 +1,92 @@
+"""What every reproduction recipe returns, and small helpers they share.
+
+A recipe is a module of `attnflow.experiments` with
+* ``NAME``, ``TITLE``: its name on the command line and its heading in the report;
+* ``QUICK`` and ``FULL``: parameter dicts (quick sizes for a default run, the paper's sizes);
+* ``FULL_MINUTES``: the expected duration of the full size on 2 cores, printed before it runs;
+* ``run(params, seed, out, progress) -> Output``: the work; figures go into the folder `out`,
+  `progress(fraction)` is called with the fraction done in [0, 1].
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Progress = Callable[[float], None]
+
+REPRODUCED, PARTLY, NOT_REPRODUCED = "reproduced", "partly", "not reproduced"
+
+
+@dataclass
+class Claim:
+    """One row of the claims table."""
+
+    claim: str  # the claim, short
+    paper: str  # what the paper says (SCIENCE.md)
+    measured: str  # what we measured, with uncertainty
+    verdict: str  # REPRODUCED, PARTLY or NOT_REPRODUCED
+    why: str = ""  # the reason behind the verdict
+
+
+@dataclass
+class Output:
+    """A recipe's results: JSON-friendly numbers, claims, and figure files (names in `out`)."""
+
+    numbers: dict[str, Any]
+    claims: list[Claim]
+    figures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"numbers": to_jsonable(self.numbers), "claims": [asdict(c) for c in self.claims],
+                "figures": self.figures, "notes": self.notes}
+
+
+def save_figure(fig: Any, out: Path, name: str) -> str:
+    """Write a matplotlib Figure to out/name (PNG) atomically; return the name."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".png", dir=out)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, out / name)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return name
+
+
+def verdict(ok: bool, partly: bool = False) -> str:
+    """REPRODUCED when ok, else PARTLY when partly, else NOT_REPRODUCED."""
+    return REPRODUCED if ok else (PARTLY if partly else NOT_REPRODUCED)
+
+
+def mean_se(values: Any) -> tuple[float, float]:
+    """Mean and standard error of the mean of a sample."""
+    v = np.asarray(values, dtype=float).ravel()
+    se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else float("nan")
+    return float(v.mean()), se
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Numbers, arrays and nested containers as plain JSON types (NaN/inf kept as strings)."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer, int)):
+        return int(obj)
+    if isinstance(obj, (np.floating, float)):
+        f = float(obj)
+        return f if np.isfinite(f) else str(f)
+    return obj

@@ -1,0 +1,107 @@
+"""Run the reproduction recipes and keep their results: one folder per recipe, reused on rerun.
+
+Each recipe writes into ``OUT/<name>/``: its PNG figures and ``result.json`` (numbers, claims,
+exact parameters, seed, version). The folder is built under a temporary name and renamed into
+place when complete, so an interrupted run leaves no half-written recipe. A rerun with the
+same OUT reuses every finished recipe whose size, parameters and seed match, unless forced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attnflow._checks import fail
+from attnflow.experiments import RECIPES
+from attnflow.experiments._recipe import Progress, to_jsonable
+
+__all__ = ["reproduce", "load_results", "SIZES"]
+
+SIZES = ("quick", "full")
+
+
+def reproduce(
+    names: list[str] | None = None,
+    size: str = "quick",
+    out: str | os.PathLike = "reproduction",
+    seed: int = 0,
+    force: bool = False,
+    overrides: dict[str, dict[str, Any]] | None = None,
+    progress: Callable[[str], Progress] | None = None,
+    on_start: Callable[[str, bool], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run recipes (all by default, in registry order) and return their results.
+
+    size : "quick" (default sizes, minutes) or "full" (the paper's sizes).
+    overrides : per-recipe parameter overrides, e.g. {"fig3": {"runs": 50}}.
+    progress : given a recipe name, returns a callback receiving the fraction done.
+    on_start : called with (name, reused) before each recipe.
+    Results are also written under `out` (see module docstring).
+    """
+    if size not in SIZES:
+        raise fail("size", f"one of {SIZES}", repr(size))
+    names = list(RECIPES) if not names else list(names)
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown:
+        raise fail("names", f"recipe names among {list(RECIPES)}", unknown)
+    overrides = overrides or {}
+    for name in overrides:
+        if name not in RECIPES:
+            raise fail("overrides", f"recipe names among {list(RECIPES)}", repr(name))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in names:
+        recipe = RECIPES[name]
+        params = {**(recipe.QUICK if size == "quick" else recipe.FULL), **overrides.get(name, {})}
+        target = out / name
+        previous = _read(target / "result.json")
+        reuse = (not force and previous is not None and previous["size"] == size
+                 and previous["seed"] == seed and previous["params"] == to_jsonable(params))
+        if on_start is not None:
+            on_start(name, reuse)
+        if reuse:
+            results.append(previous)
+            continue
+        results.append(_run_one(name, recipe, params, size, seed, target,
+                                progress(name) if progress else (lambda f: None)))
+    return results
+
+
+def _run_one(name, recipe, params, size, seed, target: Path, report: Progress) -> dict[str, Any]:
+    from attnflow import __version__
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+    try:
+        start = time.perf_counter()
+        output = recipe.run(params, seed, tmp, report)
+        result = {"name": name, "title": recipe.TITLE, "size": size, "seed": seed,
+                  "params": to_jsonable(params), "version": __version__,
+                  "wall_time": time.perf_counter() - start, **output.to_dict()}
+        (tmp / "result.json").write_text(json.dumps(result, indent=1))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def load_results(out: str | os.PathLike) -> list[dict[str, Any]]:
+    """The results of every finished recipe under `out`, in registry order."""
+    out = Path(out)
+    found = [_read(out / name / "result.json") for name in RECIPES]
+    return [r for r in found if r is not None]
