@@ -9,7 +9,18 @@ Karagodin, Polyanskiy & Rigollet, *Clustering in Causal Attention Masking* (Neur
     >>> traj = af.simulate(af.Attention(beta=64), x0, t_end=150)
 """
 
-from attnflow import sphere
+from attnflow import analysis, sphere
+from attnflow.analysis import (
+    Clusters,
+    classify_configuration,
+    cluster_count,
+    cluster_counts,
+    clusters,
+    consumed_fraction,
+    predict_configuration,
+    renyi_centers,
+    strong_renyi_centers,
+)
 from attnflow.integrate import NonFiniteStateError
 from attnflow.model import Attention
 from attnflow.simulate import simulate
@@ -19,6 +30,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Attention",
+    "Clusters",
+    "analysis",
+    "classify_configuration",
+    "cluster_count",
+    "cluster_counts",
+    "clusters",
+    "consumed_fraction",
+    "predict_configuration",
+    "renyi_centers",
+    "strong_renyi_centers",
     "NonFiniteStateError",
     "Trajectory",
     "__version__",

@@ -1,0 +1,37 @@
+"""Input checks shared by the analysis functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnflow._checks import describe, fail, finite_array
+
+# Analysis accepts tokens whose norms are off 1 by at most this much (integrators that do
+# not renormalise drift slowly); anything further is a caller's mistake.
+SPHERE_TOL = 1e-6
+
+
+def sphere_points(name: str, X: Any, ndim: int | None = None, min_ndim: int = 2) -> np.ndarray:
+    """A finite float array of points on the unit sphere, shape (..., n, d) with d >= 2."""
+    X = finite_array(name, X, ndim=ndim, min_ndim=None if ndim is not None else min_ndim,
+                     dtype=float)
+    if X.shape[-1] < 2 or X.shape[-2] < 1:
+        raise fail(name, "an array of shape (..., n, d) with n >= 1 and d >= 2", describe(X))
+    off = float(np.max(np.abs(np.linalg.norm(X, axis=-1) - 1.0)))
+    if off > SPHERE_TOL:
+        raise fail(name, f"unit vectors (points on the sphere, norms within {SPHERE_TOL:g} of 1)",
+                   f"norms off 1 by up to {off:.3g}")
+    return X
+
+
+def radius(name: str, value: Any) -> float:
+    """A geodesic radius in [0, pi] (radians)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError) as err:
+        raise fail(name, "a geodesic radius in [0, pi]", repr(value)) from err
+    if not (0.0 <= v <= np.pi):
+        raise fail(name, "a geodesic radius in [0, pi]", repr(value))
+    return v
