@@ -24,6 +24,7 @@ from attnflow.analysis import (
 from attnflow.integrate import NonFiniteStateError
 from attnflow.model import Attention
 from attnflow.simulate import simulate
+from attnflow.sweep import sweep
 from attnflow.trajectory import Trajectory, load
 
 __version__ = "0.1.0"
@@ -40,6 +41,7 @@ __all__ = [
     "predict_configuration",
     "renyi_centers",
     "strong_renyi_centers",
+    "sweep",
     "NonFiniteStateError",
     "Trajectory",
     "__version__",

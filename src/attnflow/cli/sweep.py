@@ -1,0 +1,55 @@
+"""`attnflow sweep`: run a parameter sweep from a TOML spec into a resumable Zarr store."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from attnflow.cli import app
+
+
+@app.command()
+def sweep(
+    spec: Path = typer.Argument(..., help="The sweep spec (TOML; see `attnflow.sweep`)."),
+    scheduler: str = typer.Option(
+        None, help="Address of a running Dask scheduler, e.g. tcp://10.0.0.5:8786, or 'serial' "
+        "for this process without Dask (default: a local cluster on 127.0.0.1)."),
+    workers: int = typer.Option(None, min=1, help="Worker processes of the local cluster "
+                                "(default: one per CPU)."),
+    out: Path = typer.Option(None, "--out", "-o", help="The Zarr store, created or resumed "
+                             "(default: the spec's name with .zarr)."),
+    dashboard: str = typer.Option(None, help="Serve the local cluster's dashboard at this "
+                                  "address, e.g. 127.0.0.1:8787 (default: no dashboard)."),
+    progress: bool = typer.Option(True, help="Show a progress bar."),
+) -> None:
+    """Run every (grid point, seed) of SPEC and store the per-run metrics (and states).
+
+    Rerunning the same command resumes: finished runs are skipped, the rest computed.
+    """
+    from attnflow.sweep import SweepIncompleteError, load_spec, sweep_status
+    from attnflow.sweep import sweep as run
+
+    console = Console(stderr=True)
+    out = out if out is not None else spec.with_suffix(".zarr")
+    try:
+        parsed = load_spec(spec)
+        before = sweep_status(out)["pending"] if out.exists() else parsed.n_runs
+        start = time.perf_counter()
+        run(parsed, out=out, scheduler=scheduler, workers=workers, dashboard=dashboard,
+            progress=progress)
+    except ValueError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    except SweepIncompleteError as err:
+        console.print(f"[red]incomplete:[/red] {err}")
+        raise typer.Exit(1) from None
+    wall = time.perf_counter() - start
+    counts = sweep_status(out)
+    print(f"runs              {parsed.n_runs} ({parsed.n_runs - before} finished before, "
+          f"{before} computed now)")
+    print(f"done / failed     {counts['done']} / {counts['failed']}")
+    print(f"wall time         {wall:.2f} s")
+    print(f"written           {out}")
