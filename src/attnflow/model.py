@@ -201,6 +201,16 @@ class Attention:
         Q, K, V = heads[0]
         return cls(Q, K, V, **kwargs)
 
+    @classmethod
+    def from_pretrained(cls, model_dir: Any, layer: int, head: int | None = None,
+                        **kwargs: Any) -> Attention:
+        """One head (or all heads, summed) of a layer of a Hugging Face checkpoint directory,
+        read offline: heads (I, B_h, V_h) with B_h = W_Q^T W_K / sqrt(d_head), V_h = W_O W_V.
+        See `attnflow.pretrained.attention_from_pretrained` (kwargs: beta, mask, backend)."""
+        from attnflow.pretrained import attention_from_pretrained
+
+        return attention_from_pretrained(model_dir, layer, head, **kwargs)
+
 
 def _common_dimension(heads: list[Head], memory: Any) -> int | None:
     """The dimension d fixed by the given matrices or memory (None: any d)."""

@@ -1,0 +1,41 @@
+"""Pretrained Transformers: per-head weights from Hugging Face checkpoints (offline), their
+value and query-key spectra, and attention dynamics with real weights (SCIENCE.md §5, §3).
+
+    checkpoint  Checkpoint(model_dir): layouts bert / albert / gpt2 / llama, per-layer
+                AttentionLayer (W_Q, W_K, W_V, W_O per head, norm gains), embeddings
+    spectra     per-head spectra of W_V W_O and of B = W_Q^T W_K / sqrt(d_head), the
+                Gaussian baseline, the figure and tables (`write_spectra`)
+    dynamics    Attention models from a layer's heads, initial tokens from text or ids
+"""
+
+from attnflow.pretrained.checkpoint import LAYOUTS, AttentionLayer, Checkpoint
+from attnflow.pretrained.dynamics import (
+    attention_from_pretrained,
+    tokens_from_ids,
+    tokens_from_text,
+)
+from attnflow.pretrained.spectra import (
+    HeadSpectrum,
+    gaussian_layers,
+    head_spectra,
+    layer_spectra,
+    plot_spectra,
+    spectra_summary,
+    write_spectra,
+)
+
+__all__ = [
+    "LAYOUTS",
+    "AttentionLayer",
+    "Checkpoint",
+    "HeadSpectrum",
+    "attention_from_pretrained",
+    "gaussian_layers",
+    "head_spectra",
+    "layer_spectra",
+    "plot_spectra",
+    "spectra_summary",
+    "tokens_from_ids",
+    "tokens_from_text",
+    "write_spectra",
+]

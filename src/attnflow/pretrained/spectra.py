@@ -1,0 +1,271 @@
+"""Per-head value and query-key spectra of a pretrained Transformer (SCIENCE.md §5, §3).
+
+For head h (shapes and conventions in `attnflow.pretrained.checkpoint`):
+
+* **Value side.** V_h = W_O^h W_V^h (d x d, rank <= d_head). Its nonzero spectrum is the
+  spectrum of the d_head x d_head matrix W_V^h W_O^h (AB and BA share nonzero eigenvalues with
+  their Jordan structure). lambda_max is the eigenvalue of largest real part *of that nonzero
+  spectrum*, as in the paper's figure for albert-xlarge-v2; on the full residual stream V_h also
+  has the eigenvalue 0 with multiplicity >= d - d_head, so when lambda_max < 0 the top
+  eigenvalue of V_h itself is 0 (its kernel). The atlas row (SCIENCE.md §3, Table 1) is that of
+  W_V^h W_O^h, through `attnflow.predict_configuration`.
+* **Query-key side.** B_h = (W_Q^h)^T W_K^h / sqrt(d_head), so the head's score is
+  x_k^T B_h x_j. The effective beta is its spectral norm ||B_h||_2 (largest singular value):
+  the largest score between unit vectors, i.e. the beta of the paper's model with Q^T K of
+  unit norm. Tokens of a LayerNorm'd residual stream have norm about sqrt(d) (times the
+  gains), which multiplies the scores by about d. The symmetric part (B_h + B_h^T)/2 has rank
+  <= 2 d_head; its nonzero spectrum is computed exactly from a QR factorisation of
+  [W_Q^T, W_K^T] (d x 2 d_head) without forming d x d matrices.
+* **Gaussian baseline.** The same quantities for weights drawn i.i.d. N(0, s^2) with the
+  model's shapes and initialiser scale s (config ``initializer_range``), the initialisation of
+  BERT, ALBERT, GPT-2 and LLaMA in Hugging Face.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+
+from attnflow._checks import as_generator
+from attnflow.pretrained.checkpoint import AttentionLayer, Checkpoint, load_layers
+
+__all__ = [
+    "HeadSpectrum",
+    "gaussian_layers",
+    "head_spectra",
+    "layer_spectra",
+    "plot_spectra",
+    "spectra_summary",
+    "write_spectra",
+]
+
+REAL_TOL = 1e-9  # |Im lambda| <= REAL_TOL * spectral radius counts as real
+
+
+@dataclass(frozen=True)
+class HeadSpectrum:
+    """Spectra of one head.
+
+    Attributes
+    ----------
+    layer, head : 0-based indices.
+    value_eigenvalues : (d_head,) complex, eigenvalues of W_V^h W_O^h (the nonzero spectrum of
+        V_h), sorted by decreasing real part.
+    qk_symmetric_eigenvalues : (min(d, 2 d_head),) real, ascending: the spectrum of
+        (B_h + B_h^T)/2 restricted to the span of the rows of W_Q^h and W_K^h (all its
+        nonzero eigenvalues; the rest of its spectrum is 0).
+    beta_eff : ||B_h||_2, the spectral norm of B_h.
+    atlas_row : the atlas row predicted from W_V^h W_O^h (`attnflow.predict_configuration`).
+    """
+
+    layer: int
+    head: int
+    value_eigenvalues: np.ndarray
+    qk_symmetric_eigenvalues: np.ndarray
+    beta_eff: float
+    atlas_row: str
+
+    @property
+    def lambda_max(self) -> complex:
+        """The eigenvalue of largest real part (of a conjugate pair, the one with Im >= 0)."""
+        top = self.value_eigenvalues[0]
+        return complex(top.real, abs(top.imag))
+
+    @property
+    def is_real(self) -> bool:
+        radius = float(np.max(np.abs(self.value_eigenvalues)))
+        return abs(self.lambda_max.imag) <= REAL_TOL * radius
+
+    @property
+    def kind(self) -> str:
+        """"complex" if lambda_max is not real, else "negative" or "positive" (sign of it)."""
+        if not self.is_real:
+            return "complex"
+        return "negative" if self.lambda_max.real < 0 else "positive"
+
+    def row(self) -> dict[str, Any]:
+        """One row of the per-head table (JSON/CSV-friendly scalars)."""
+        lam = self.lambda_max
+        qk = self.qk_symmetric_eigenvalues
+        return {
+            "layer": self.layer,
+            "head": self.head,
+            "lambda_max_re": lam.real,
+            "lambda_max_im": lam.imag,
+            "lambda_max_kind": self.kind,
+            "spectral_radius": float(np.max(np.abs(self.value_eigenvalues))),
+            "n_negative_real_part": int(np.sum(self.value_eigenvalues.real < 0)),
+            "atlas_row": self.atlas_row,
+            "beta_eff": self.beta_eff,
+            "qk_sym_max": float(qk[-1]),
+            "qk_sym_min": float(qk[0]),
+        }
+
+
+def layer_spectra(layer: AttentionLayer) -> list[HeadSpectrum]:
+    """The `HeadSpectrum` of every head of one layer."""
+    from attnflow.analysis import predict_configuration
+
+    out = []
+    dh = layer.d_head
+    for h in range(layer.n_heads):
+        core = layer.value_core(h)
+        eig = np.linalg.eigvals(core)
+        eig = eig[np.lexsort((-eig.imag, -eig.real))]
+        # (B + B^T)/2 = U M U^T with U = [W_Q^T, W_K^T] = Q R, M = [[0, I], [I, 0]] / (2 sqrt dh).
+        _, R = scipy.linalg.qr(np.concatenate([layer.W_Q[h].T, layer.W_K[h].T], axis=1),
+                               mode="economic")
+        RM = np.concatenate([R[:, dh:], R[:, :dh]], axis=1) / (2.0 * math.sqrt(dh))
+        sym = np.linalg.eigvalsh((R @ RM.T + RM @ R.T) / 2.0)
+        # ||B||_2 = ||R_Q R_K^T||_2 / sqrt(dh) for W_Q^T = Q_Q R_Q, W_K^T = Q_K R_K.
+        r_q = scipy.linalg.qr(layer.W_Q[h].T, mode="r")[0][:dh]
+        r_k = scipy.linalg.qr(layer.W_K[h].T, mode="r")[0][:dh]
+        beta_eff = float(np.linalg.norm(r_q @ r_k.T, 2) / math.sqrt(dh))
+        out.append(HeadSpectrum(layer=layer.index, head=h, value_eigenvalues=eig,
+                                qk_symmetric_eigenvalues=sym, beta_eff=beta_eff,
+                                atlas_row=_row_name(predict_configuration(core))))
+    return out
+
+
+def _row_name(prediction: Any) -> str:
+    """The short name of an atlas prediction."""
+    return str(getattr(prediction, "row", prediction))
+
+
+def head_spectra(model_dir: str | Path | Checkpoint,
+                 layers: Sequence[int] | None = None) -> list[HeadSpectrum]:
+    """Spectra of every head of the given layers (default: each distinct weight set)."""
+    _, loaded = load_layers(model_dir, layers)
+    return [s for layer in loaded for s in layer_spectra(layer)]
+
+
+def gaussian_layers(ckpt: Checkpoint, layers: Sequence[int],
+                    seed: int | np.random.Generator | None = 0) -> list[AttentionLayer]:
+    """Layers with the checkpoint's attention shapes and i.i.d. N(0, s^2) weights,
+    s = ckpt.initializer_range (grouped-query sharing kept)."""
+    rng = as_generator(seed)
+    s, d, H, Hkv, dh = (ckpt.initializer_range, ckpt.d, ckpt.n_heads, ckpt.n_kv_heads,
+                        ckpt.d_head)
+    kv_head = np.arange(H) // (H // Hkv)
+    out = []
+    for index in layers:
+        W_Q = rng.normal(0.0, s, (H, dh, d))
+        W_K, W_V = (rng.normal(0.0, s, (Hkv, dh, d))[kv_head] for _ in range(2))
+        W_O = rng.normal(0.0, s, (H, d, dh))
+        out.append(AttentionLayer(index=int(index), W_Q=W_Q, W_K=W_K, W_V=W_V, W_O=W_O,
+                                  kv_head=kv_head))
+    return out
+
+
+def spectra_summary(spectra: Sequence[HeadSpectrum]) -> dict[str, Any]:
+    """Counts and ranges over heads: how many lambda_max are negative / complex, the
+    effective betas, the atlas rows."""
+    beta = np.array([s.beta_eff for s in spectra])
+    lam = np.array([s.lambda_max.real for s in spectra])
+    rows: dict[str, int] = {}
+    for s in spectra:
+        rows[s.atlas_row] = rows.get(s.atlas_row, 0) + 1
+    kinds = [s.kind for s in spectra]
+    return {
+        "n_heads": len(spectra),
+        "n_negative": kinds.count("negative"),
+        "n_complex": kinds.count("complex"),
+        "n_positive": kinds.count("positive"),
+        "n_negative_real_part": int(np.sum(lam < 0)),
+        "lambda_max_re_median": float(np.median(lam)),
+        "lambda_max_re_range": [float(lam.min()), float(lam.max())],
+        "beta_eff_median": float(np.median(beta)),
+        "beta_eff_range": [float(beta.min()), float(beta.max())],
+        "atlas_rows": rows,
+    }
+
+
+def plot_spectra(spectra: Sequence[HeadSpectrum], title: str,
+                 baseline: Sequence[HeadSpectrum] | None = None) -> Any:
+    """A grid of complex-plane scatter plots, one panel per head (rows = layers), with the
+    unit circle and the imaginary axis; lambda_max in red; the Gaussian baseline of the same
+    head, if given, in grey. Returns the matplotlib Figure."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    layers = sorted({s.layer for s in spectra})
+    heads = sorted({s.head for s in spectra})
+    base = {(b.layer, b.head): b for b in baseline or ()}
+    fig, axes = plt.subplots(len(layers), len(heads), squeeze=False,
+                             figsize=(1.9 * len(heads) + 0.5, 1.9 * len(layers) + 0.8))
+    circle = np.exp(1j * np.linspace(0.0, 2.0 * np.pi, 200))
+    for s in spectra:
+        ax = axes[layers.index(s.layer), heads.index(s.head)]
+        ax.plot(circle.real, circle.imag, color="0.6", lw=0.6)
+        ax.axvline(0.0, color="0.3", lw=0.6)
+        ax.axhline(0.0, color="0.85", lw=0.4)
+        if (s.layer, s.head) in base:
+            b = base[(s.layer, s.head)].value_eigenvalues
+            ax.scatter(b.real, b.imag, s=3, color="0.6", lw=0)
+        ev = s.value_eigenvalues
+        ax.scatter(ev.real, ev.imag, s=4, color="tab:blue", lw=0)
+        ax.scatter([s.lambda_max.real], [s.lambda_max.imag], s=14, color="red", lw=0)
+        r = max(1.05, 1.05 * float(np.max(np.abs(ev))))
+        ax.set(xlim=(-r, r), ylim=(-r, r), aspect="equal")
+        ax.set_title(f"L{s.layer} H{s.head}  {s.kind[:3]}", fontsize=7)
+        ax.tick_params(labelsize=5)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def write_spectra(model_dir: str | Path, out_dir: str | Path,
+                  layers: Sequence[int] | None = None, seed: int = 0) -> dict[str, Any]:
+    """Compute the per-head spectra of a checkpoint and of its Gaussian baseline and write
+
+    * ``spectra.png``: the grid of complex-plane panels (`plot_spectra`);
+    * ``heads.csv``, ``heads.json``: one row per head and source ("pretrained", "gaussian");
+    * ``summary.json``: the returned numbers.
+
+    Returns {"model": name, "model_dir", "layout", "d", "d_head", "layers", "seed",
+    "pretrained": spectra_summary(...), "gaussian": spectra_summary(...), "files": [...]}.
+    """
+    ckpt, loaded = load_layers(model_dir, layers)
+    spectra = [s for layer in loaded for s in layer_spectra(layer)]
+    baseline_layers = gaussian_layers(ckpt, [layer.index for layer in loaded], seed)
+    baseline = [s for layer in baseline_layers for s in layer_spectra(layer)]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = ([{"source": "pretrained", **s.row()} for s in spectra]
+            + [{"source": "gaussian", **s.row()} for s in baseline])
+    with open(out / "heads.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "heads.json").write_text(json.dumps(rows, indent=1))
+    fig = plot_spectra(spectra, f"{ckpt.name}: eigenvalues of W_V^h W_O^h per head "
+                       f"(grey: Gaussian init, s = {ckpt.initializer_range:g})", baseline)
+    fig.savefig(out / "spectra.png", dpi=130)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    summary = {
+        "model": ckpt.name,
+        "model_dir": str(ckpt.model_dir),
+        "layout": ckpt.layout,
+        "d": ckpt.d,
+        "d_head": ckpt.d_head,
+        "layers": [layer.index for layer in loaded],
+        "seed": seed,
+        "initializer_range": ckpt.initializer_range,
+        "pretrained": spectra_summary(spectra),
+        "gaussian": spectra_summary(baseline),
+        "files": ["spectra.png", "heads.csv", "heads.json", "summary.json"],
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
