@@ -19,8 +19,9 @@ app = typer.Typer(
 def main() -> None:
     """Simulate and analyse self-attention dynamics of tokens on the sphere."""
 
-from attnflow.cli import simulate as _simulate  # noqa: E402,F401  (registers `simulate`)
+from attnflow.cli import plot as _plot  # noqa: E402,F401  (registers `plot`, `animate`)
 from attnflow.cli import reproduce as _reproduce  # noqa: E402,F401
+from attnflow.cli import simulate as _simulate  # noqa: E402,F401  (registers `simulate`)
 from attnflow.cli import sweep as _sweep  # noqa: E402,F401  (registers `sweep`)
 
 __all__ = ["app"]

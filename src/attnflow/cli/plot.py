@@ -1,0 +1,89 @@
+"""`attnflow plot` and `attnflow animate`: pictures of a saved run (see `attnflow.plot`)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from attnflow.cli import app
+
+
+class Kind(str, Enum):
+    auto = "auto"
+    circle = "circle"
+    sphere = "sphere"
+    angles = "angles"
+    timeseries = "timeseries"
+    attention = "attention"
+
+
+RUN_FILE = typer.Argument(..., help="A run written by `attnflow simulate` (.nc or .zarr).",
+                          exists=True)
+
+
+@app.command()
+def plot(
+    run_file: Path = RUN_FILE,
+    kind: Kind = typer.Option(Kind.auto, help="What to draw; auto: circle for d = 2, sphere "
+                              "for d >= 3 (projected onto principal directions for d > 3)."),
+    t: list[float] = typer.Option(None, "--t", help="Time shown (nearest saved time; default "
+                                  "the last). circle: repeat for a row of snapshots."),
+    run: int = typer.Option(None, help="Run of a batch (default 0; timeseries: all runs, "
+                            "mean and 10-90% band)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Image file (.png, .pdf, .svg)."),
+    dpi: int = typer.Option(200, min=10, help="Resolution of raster images."),
+) -> None:
+    """Draw one picture of a saved run and write it to an image file."""
+    from attnflow import plot as pictures
+    from attnflow.trajectory import load
+
+    console = Console(stderr=True)
+    try:
+        traj = load(run_file)
+        chosen = kind.value if kind is not Kind.auto else ("circle" if traj.d == 2 else "sphere")
+        times = list(t or [])
+        if len(times) > 1 and chosen != "circle":
+            raise ValueError(f"--t: expected one time for --kind {chosen}, received {times}")
+        one = times[0] if times else None
+        if chosen == "circle":
+            fig = pictures.plot_circle(traj, times or None, run=run or 0)
+        elif chosen == "sphere":
+            fig = pictures.plot_sphere(traj, one, run=run or 0)
+        elif chosen == "angles":
+            fig = pictures.plot_angles(traj, run=run or 0)
+        elif chosen == "timeseries":
+            fig = pictures.plot_timeseries(traj, run=run)
+        else:
+            fig = pictures.plot_attention(traj, one, run=run or 0)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=dpi)
+    except ValueError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    print(f"written {out}")
+
+
+@app.command()
+def animate(
+    run_file: Path = RUN_FILE,
+    out: Path = typer.Option(..., "--out", "-o", help="Movie file, .gif or .mp4."),
+    frames: int = typer.Option(None, min=1, help="Number of frames (default every saved "
+                               "time, at most 120)."),
+    fps: float = typer.Option(12.0, min=0.1, help="Frames per second."),
+    run: int = typer.Option(0, help="Run of a batch."),
+    size: int = typer.Option(400, min=64, help="Frame width and height in pixels."),
+) -> None:
+    """Write a movie of the tokens moving (circle for d = 2, sphere for d >= 3)."""
+    from attnflow import plot as pictures
+    from attnflow.trajectory import load
+
+    console = Console(stderr=True)
+    try:
+        path = pictures.animate(load(run_file), out, run=run, frames=frames, fps=fps, size=size)
+    except ValueError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    print(f"written {path}")
