@@ -1,0 +1,5 @@
+"""`python -m attnflow` runs the command line."""
+
+from attnflow.cli import app
+
+app()
