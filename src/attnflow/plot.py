@@ -377,10 +377,14 @@ def plot_circle(
             handles.append(mpl.lines.Line2D([], [], ls="", marker="o", color="0.5", ms=6,
                                             label=f"cluster (tol = {tol:.2g}),\narea ∝ size"))
         if handles:
-            where = (fig, "outside right center") if len(axes) > 1 else \
-                (axes[0], "center" if fr.note == "" else "lower right")
-            where[0].legend(handles=handles, title=title, loc=where[1], handletextpad=0.3,
-                            title_fontsize=STYLE["legend.fontsize"])
+            kw = dict(handles=handles, title=title, handletextpad=0.3,
+                      title_fontsize=STYLE["legend.fontsize"])
+            if len(axes) > 1:
+                fig.legend(loc="outside right center", **kw)
+            elif fr.note == "":  # the middle of the circle is empty
+                axes[0].legend(loc="center", **kw)
+            else:  # projected points fill the disk: beside it
+                axes[0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), **kw)
         if fr.note:
             fig.suptitle(fr.note)
         if colorbar:
@@ -608,6 +612,7 @@ def plot_angles(
         a.autoscale()
         if log_time:
             a.set_xscale("log")
+            _plain_log(a.xaxis)
         a.set_xlabel("t (log scale)" if log_time else "t")
         a.set_ylabel(r"$\varphi_k(t) - \varphi_1(0)$  (π ≡ −π)")
         _pi_axis(a.yaxis)
@@ -689,22 +694,32 @@ def plot_timeseries(
         for key, label, color, ls in lines:
             _band(top, t, data[key], label, color, ls)
         top.set_yscale("log")
-        top.yaxis.set_major_locator(mpl.ticker.LogLocator(subs=(1, 2, 5)))
-        top.yaxis.set_major_formatter(mpl.ticker.StrMethodFormatter("{x:g}"))
-        top.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
-        top.set_ylabel("count at time t")
+        _plain_log(top.yaxis, (1, 2, 3, 5))
+        top.set_ylim(bottom=0.8)  # counts are >= 1: keep 1, 2, 3, 5 in view
+        top.set_ylabel("count")
         top.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), borderaxespad=0.2)
         _band(bottom, t, data["spread"], "", "k", "-")
         bottom.set_ylim(0, 1.05 * np.pi)
         _pi_axis(bottom.yaxis)
-        bottom.set_ylabel("max$_k$ d(x$_k$(t), x$_1$(0))")
+        bottom.set_ylabel("rad")
+        bottom.set_title("max$_k$ d(x$_k$(t), x$_1$(0))",
+                         loc="left", fontsize=STYLE["legend.fontsize"])
         for a in (top, bottom):
             a.set_xscale("log")
+        _plain_log(bottom.xaxis)
         bottom.set_xlabel("t (log scale)")
+        fig.align_ylabels([top, bottom])
         runs = data["spread"].shape[1]
         if runs > 1:
             fig.suptitle(f"{runs} runs: mean and 10-90% band")
     return fig
+
+
+def _plain_log(axis: Any, subs: tuple[float, ...] = (1, 2, 5)) -> None:
+    """Log-axis ticks at `subs` times powers of ten, written as plain numbers."""
+    axis.set_major_locator(mpl.ticker.LogLocator(subs=subs))
+    axis.set_major_formatter(mpl.ticker.StrMethodFormatter("{x:g}"))
+    axis.set_minor_formatter(mpl.ticker.NullFormatter())
 
 
 def _stacked(figsize: tuple[float, float]) -> tuple[Figure, list[Axes]]:
