@@ -199,7 +199,7 @@ def classify_configuration(
     V: Any = None,
     x1_0: Any = None,
     tol: float = 1e-2,
-    cloud_radius: float = np.pi / 4,
+    cloud_radius: float = np.pi / 3,
 ) -> ObservedConfiguration:
     """Name an observed final configuration (the rows of `ROWS`).
 
@@ -210,7 +210,7 @@ def classify_configuration(
     tol : geodesic tolerance in radians (default 1e-2) for clustering (single linkage), for
         "at x1_0", "in L" and "antipodal".
     cloud_radius : a cloud is around L when every token is within this geodesic distance of
-        L's unit sphere (default pi/4).
+        L's unit sphere (default pi/3).
 
     Rules, in order (k = number of clusters at tol):
 
@@ -218,9 +218,16 @@ def classify_configuration(
     2. k = 1 and every token within tol of L: "point-in-L".
     3. k = 2, the centroids antipodal within tol, and (when V is given) every token within
        tol of L: "two-points".
-    4. k > 2, V given, every token within cloud_radius of L: "cloud-L" when dim L >= 2,
-       "two-clouds" when dim L = 1 and both signs of <x, xi> occur.
-    5. k <= n / 2: "k-clusters"; otherwise "other".
+    4. k <= n / 2 (the tokens have merged into clusters): "k-clusters".
+    5. Otherwise (unclustered), V given and every token within cloud_radius of L: "cloud-L"
+       when dim L >= 2, "two-clouds" when dim L = 1 and both signs of <x, xi> occur.
+    6. Otherwise "other".
+
+    The default cloud_radius, pi/3, separates the clouds of the negative rows at beta = 9
+    (d = 3, n = 32: every token within about 0.45 rad of L for dim L = 2, 0.8 rad for
+    dim L = 1) from uniform tokens (for dim L = 2, n = 32 uniform tokens pass with
+    probability sin(pi/3)^32 = 1%; for dim L = 1, 2^-32). Clouds narrow as beta grows; at
+    beta = 1 the tokens do not concentrate around L at all.
     """
     X = sphere_points("X_final", X_final, ndim=2)
     tol = radius("tol", tol)
@@ -252,14 +259,13 @@ def classify_configuration(
     elif k == 2 and antipodal_gap <= tol and in_L:
         row = "two-points"
         xi = found.centroids[0]
-    elif k > 2 and L is not None and max_dist_L <= cloud_radius and L.shape[1] >= 2:
-        row = "cloud-L"
-    elif (k > 2 and L is not None and max_dist_L <= cloud_radius and L.shape[1] == 1
-          and min(sides) > 0):
-        row = "two-clouds"
-        xi = L[:, 0]
     elif k <= n / 2:
         row = "k-clusters"
+    elif L is not None and max_dist_L <= cloud_radius and L.shape[1] >= 2:
+        row = "cloud-L"
+    elif L is not None and max_dist_L <= cloud_radius and L.shape[1] == 1 and min(sides) > 0:
+        row = "two-clouds"
+        xi = L[:, 0]
     else:
         row = "other"
     label = f"{k} clusters" if row == "k-clusters" else ROWS[row]

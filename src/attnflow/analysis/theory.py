@@ -64,12 +64,18 @@ def g(x: Any, beta: float) -> np.ndarray:
 
 def tau_beta(beta: Any) -> np.ndarray:
     """The maximiser of h on [0, pi]: cos tau = (-1 + sqrt(4 beta^2 + 1)) / (2 beta),
-    written 2 beta / (1 + sqrt(4 beta^2 + 1)) (so tau = pi/2 at beta = 0). Radians,
-    vectorised over beta >= 0; tau ~ beta^{-1/2} for large beta."""
+    written 2 beta / (1 + sqrt(4 beta^2 + 1)) (so tau = pi/2 at beta = 0) and evaluated
+    without cancellation for large beta. Radians, vectorised over beta >= 0;
+    tau ~ beta^{-1/2} for large beta."""
     beta = np.asarray(beta, dtype=float)
     if not np.all((beta >= 0) & np.isfinite(beta)):
         raise fail("beta", "finite values >= 0", repr(beta))
-    return np.arccos(2.0 * beta / (1.0 + np.sqrt(4.0 * beta**2 + 1.0)))
+    root = np.sqrt(4.0 * beta**2 + 1.0)
+    cos = 2.0 * beta / (1.0 + root)
+    # 1 - cos tau without cancellation: (1 + root - 2 beta) / (1 + root), and
+    # root - 2 beta = 1 / (root + 2 beta). atan2 keeps full precision for small tau.
+    one_minus_cos = (1.0 + 1.0 / (root + 2.0 * beta)) / (1.0 + root)
+    return np.arctan2(np.sqrt(one_minus_cos * (1.0 + cos)), cos)
 
 
 @dataclass(frozen=True)
