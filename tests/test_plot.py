@@ -117,6 +117,17 @@ def test_circle_centers_are_chosen_at_start_and_followed_by_index():
     assert counts == [3, 3, 4]  # recomputed at t = 1: three clumps (0-1, 2, 3)
 
 
+def test_memory_tokens_are_drawn_where_they_are():
+    M = on_circle(np.array([0.5, 2.5]))
+    model = af.Attention(beta=16, memory=(M, np.array([1.0, 3.0])))
+    X = on_circle(np.linspace(0, 6, 7))
+    tr = Trajectory(times=np.zeros(1), states=X[None], model=model, integrator={})
+    fig = plot.plot_circle(tr, centers=False)
+    drawn = [o for o in scatter_offsets(fig.axes[0]) if len(o) == 2]
+    assert len(drawn) == 1
+    np.testing.assert_allclose(drawn[0], M)
+
+
 def test_cluster_disks_have_area_proportional_to_size():
     X = on_circle(np.repeat([0.0, 2.0], [9, 3]))
     fig = plot.plot_circle(synthetic(np.stack([X])), t=0, color="cluster", centers=False)

@@ -327,6 +327,7 @@ def plot_circle(
         `delta` (default 4 beta^{-1/2}), placed on an outer ring at the angles of the tokens.
     centers_from : the time whose configuration defines the centers (default 0: chosen at
         arrival and followed by index, as in the paper); None recomputes them at each time.
+        Memory tokens of the model (the frozen centers of Theorem 5.2) are drawn as diamonds.
     tol : geodesic cluster tolerance in radians (default beta^{-1/2} / 4).
     basis : directions for d > 2 (see `frame`); by default the top principal directions.
     colorbar : add a colour bar for the token index.
@@ -367,12 +368,19 @@ def plot_circle(
                 renyi, strong = fixed if centers_from is not None else \
                     _center_indices(Xt, delta)
                 _mark_centers(a, P, renyi, strong, fr.note == "")
+            if traj.model.memory is not None:
+                M = fr(traj.model.memory[0])
+                a.scatter(M[:, 0], M[:, 1], s=40, marker="D", facecolors="none",
+                          edgecolors="0.3", linewidths=1.0, zorder=4)
             a.set_title(_time_label(times[i]))
         handles, title = [], None
         if centers:
             handles += _center_handles()
             title = f"δ = {delta:.3g}, " + ("recomputed at each t" if centers_from is None
                                             else f"chosen at t = {times[i0]:.4g}")
+        if traj.model.memory is not None:
+            handles.append(mpl.lines.Line2D([], [], ls="", marker="D", mfc="none", mec="0.3",
+                                            ms=6, label="memory (frozen) tokens"))
         if color == "cluster":
             handles.append(mpl.lines.Line2D([], [], ls="", marker="o", color="0.5", ms=6,
                                             label=f"cluster (tol = {tol:.2g}),\narea ∝ size"))
@@ -782,13 +790,13 @@ def plot_attention(
                          extent=(0.5, cols + 0.5, n + 0.5, 0.5), zorder=1)
         if cols > n:
             a.axvline(n + 0.5, color="k", lw=0.8)
-            a.text(n + 0.5 + (cols - n) / 2, 0.5, "memory", ha="center", va="bottom", fontsize=7)
         a.set_xlabel("key token j")
         a.set_ylabel("query token k")
         a.xaxis.set_major_locator(mpl.ticker.MaxNLocator(6, integer=True))
         a.yaxis.set_major_locator(mpl.ticker.MaxNLocator(6, integer=True))
         a.set_title(f"attention weights, {_time_label(times[i])}"
-                    + (f", head {head}" if n_heads > 1 else ""))
+                    + (f", head {head}" if n_heads > 1 else "")
+                    + (f"\nright of the line: {cols - n} memory tokens" if cols > n else ""))
         if not allowed.all():
             a.legend(handles=[mpl.patches.Patch(facecolor="white", edgecolor="0.6",
                                                 hatch="////", label="masked")],
