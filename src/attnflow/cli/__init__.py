@@ -22,6 +22,7 @@ def main() -> None:
 from attnflow.cli import plot as _plot  # noqa: E402,F401  (registers `plot`, `animate`)
 from attnflow.cli import reproduce as _reproduce  # noqa: E402,F401
 from attnflow.cli import simulate as _simulate  # noqa: E402,F401  (registers `simulate`)
+from attnflow.cli import spectra as _spectra  # noqa: E402,F401  (registers `spectra`)
 from attnflow.cli import sweep as _sweep  # noqa: E402,F401  (registers `sweep`)
 
 __all__ = ["app"]

@@ -20,6 +20,7 @@ from attnflow.pretrained.spectra import (
     head_spectra,
     layer_spectra,
     plot_spectra,
+    spectra_report,
     spectra_summary,
     write_spectra,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "head_spectra",
     "layer_spectra",
     "plot_spectra",
+    "spectra_report",
     "spectra_summary",
     "tokens_from_ids",
     "tokens_from_text",

@@ -140,10 +140,10 @@ class _Tensors:
             self.kind = "torch"
             self._index_sharded(pt_index)
         else:
-            found = sorted(p.name for p in model_dir.iterdir())
             raise fail("model_dir", "a checkpoint directory with model.safetensors, "
                        "model.safetensors.index.json, pytorch_model.bin or "
-                       "pytorch_model.bin.index.json", f"{str(model_dir)!r} holding {found}")
+                       "pytorch_model.bin.index.json",
+                       f"{str(model_dir)!r} holding {_files(model_dir)}")
 
     @property
     def names(self) -> list[str]:
@@ -193,6 +193,10 @@ def _listing(names: Sequence[str], limit: int = 80) -> str:
     shown = ", ".join(names[:limit])
     more = f", ... and {len(names) - limit} more" if len(names) > limit else ""
     return f"[{shown}{more}]"
+
+
+def _files(directory: Path) -> str:
+    return _listing(sorted(p.name for p in directory.iterdir()), limit=20)
 
 
 def _open_safetensors(path: Path) -> Any:
@@ -277,7 +281,7 @@ class Checkpoint:
             self.config: dict[str, Any] = json.loads(config_path.read_text())
         except FileNotFoundError as err:
             raise fail("model_dir", "a directory with config.json",
-                       f"{str(path)!r} holding {sorted(p.name for p in path.iterdir())}") from err
+                       f"{str(path)!r} holding {_files(path)}") from err
         except json.JSONDecodeError as err:
             raise fail("model_dir", "a valid JSON config.json", str(err)) from err
         self._tensors = _Tensors(path)
