@@ -84,17 +84,25 @@ def test_matches_scipy_single_linkage(d, tol):
         assert same_partition(c.labels, truth)
 
 
-def test_spanning_tree_is_minimal():
-    """The total length equals that of scipy's minimum spanning tree on the distance matrix."""
+@pytest.mark.parametrize("d", [2, 3])  # the circle has its own O(n log n) tree
+@pytest.mark.parametrize("n", [2, 3, 80])
+def test_spanning_tree_is_minimal(d, n):
+    """A tree rooted at token 0 whose total length equals that of scipy's minimum spanning
+    tree on the full distance matrix."""
     from scipy.sparse.csgraph import minimum_spanning_tree
 
-    X = uniform(80, 3, seed=5)
-    D = af.sphere.pairwise_geodesic(X)
-    np.fill_diagonal(D, 0)
-    parent, length = spanning_tree(X)
-    assert length[0] == 0 and parent[0] == 0
-    np.testing.assert_allclose(length.sum(), minimum_spanning_tree(D).sum(), rtol=1e-12)
-    np.testing.assert_allclose(length[1:], geodesic_distance(X[1:], X[parent[1:]]))
+    for seed in range(5):
+        X = uniform(n, d, seed=seed)
+        D = af.sphere.pairwise_geodesic(X)
+        np.fill_diagonal(D, 0)
+        parent, length = spanning_tree(X)
+        assert length[0] == 0 and parent[0] == 0
+        np.testing.assert_allclose(length.sum(), minimum_spanning_tree(D).sum(), rtol=1e-12)
+        np.testing.assert_allclose(length[1:], geodesic_distance(X[1:], X[parent[1:]]))
+        k = np.arange(n)  # following parents, every token reaches the root in < n steps
+        for _ in range(n):
+            k = parent[k]
+        assert np.all(k == 0)
 
 
 def test_batched_count_matches_loop_and_rotation_invariance():
