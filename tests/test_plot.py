@@ -241,7 +241,7 @@ def test_timeseries_of_a_batch_shows_mean_and_percentile_band(runs):
                         plot._delta(runs[8], None))
     np.testing.assert_allclose(fig.axes[0].lines[0].get_ydata(), data["clusters"].mean(axis=1))
     assert len(fig.axes[0].collections) == 3  # one band per count
-    assert "2 runs" in fig.get_suptitle()
+    assert "2 runs" in fig.axes[0].get_legend().get_title().get_text()
 
 
 def test_angles_are_measured_from_the_first_token_and_unwrapped():

@@ -154,11 +154,11 @@ def _tol(traj: Trajectory, tol: float | None) -> float:
 
 # --------------------------------------------------------------------------- figures and axes
 def _figure(ax: Axes | Sequence[Axes] | None, figsize: tuple[float, float],
-            count: int = 1, **subplots: Any) -> tuple[Figure, list[Axes]]:
-    """The figure and `count` axes: the given ones, or new ones on a new Figure."""
+            count: int = 1) -> tuple[Figure, list[Axes]]:
+    """The figure and `count` axes: the given ones, or a row of new ones on a new Figure."""
     if ax is None:
         fig = Figure(figsize=figsize, layout="constrained")
-        axes = fig.subplots(1, count, squeeze=False, **subplots)[0]
+        axes = fig.subplots(1, count, squeeze=False)[0]
         return fig, list(axes)
     axes = [ax] if isinstance(ax, Axes) else list(ax)
     if len(axes) != count or not all(isinstance(a, Axes) for a in axes):
@@ -279,7 +279,7 @@ def _value_frame(traj: Trajectory, k: int, picks: Any) -> Frame:
         for prefix, v in parts:
             if len(vectors) < k:
                 vectors.append(v)
-                labels.append(f"v{len(vectors)}: {prefix}eigvec of V, {name}")
+                labels.append(f"{prefix}eigvec {name}")
     if len(vectors) < k:
         raise fail("basis", f"eigenvalue indices giving {k} real directions", repr(picks))
     return Frame(_orthonormal("basis", np.array(vectors)),
@@ -332,7 +332,7 @@ def plot_circle(
     basis : directions for d > 2 (see `frame`); by default the top principal directions.
     colorbar : add a colour bar for the token index.
     ax : an Axes, or one Axes per time, to draw into.
-    figsize : inches; default one column wide per snapshot.
+    figsize : inches; default one column wide for one snapshot, up to 7.2 in for a row.
     """
     X = _states(traj, run)
     times = traj.times
@@ -387,13 +387,13 @@ def plot_circle(
         if handles:
             kw = dict(handles=handles, title=title, handletextpad=0.3,
                       title_fontsize=STYLE["legend.fontsize"])
-            if len(axes) > 1:
+            if ax is None and len(axes) > 1:
                 fig.legend(loc="outside right center", **kw)
             elif fr.note == "":  # the middle of the circle is empty
                 axes[0].legend(loc="center", **kw)
             else:  # projected points fill the disk: beside it
-                axes[0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), **kw)
-        if fr.note:
+                axes[-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), **kw)
+        if fr.note and ax is None:  # in given axes, the axis labels say it
             fig.suptitle(fr.note)
         if colorbar:
             _token_colorbar(fig, axes, traj.n, "" if color == "index" else
@@ -573,7 +573,9 @@ def plot_sphere(
             f"t from {times[i0]:.4g} to {times[i1]:.4g} (red: t = {times[i1]:.4g})"
         a.set_title(span)
         if fr.note:
-            a.set_xlabel(fr.note + ":\n" + "\n".join(fr.labels), fontsize=7)
+            a.set_xlabel(fr.note + ":\n" + "\n".join(
+                lb if lb.startswith(nm) else f"{nm}: {lb}" for nm, lb in zip(fr.names, fr.labels)),
+                fontsize=7)
         if colorbar:
             _token_colorbar(fig, [a], traj.n)
     return fig
@@ -705,7 +707,10 @@ def plot_timeseries(
         _plain_log(top.yaxis, (1, 2, 3, 5))
         top.set_ylim(bottom=0.8)  # counts are >= 1: keep 1, 2, 3, 5 in view
         top.set_ylabel("count")
-        top.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), borderaxespad=0.2)
+        runs = data["spread"].shape[1]
+        top.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), borderaxespad=0.2,
+                   title=f"mean and 10-90% band of {runs} runs" if runs > 1 else None,
+                   title_fontsize=STYLE["legend.fontsize"], alignment="left")
         _band(bottom, t, data["spread"], "", "k", "-")
         bottom.set_ylim(0, 1.05 * np.pi)
         _pi_axis(bottom.yaxis)
@@ -717,9 +722,6 @@ def plot_timeseries(
         _plain_log(bottom.xaxis)
         bottom.set_xlabel("t (log scale)")
         fig.align_ylabels([top, bottom])
-        runs = data["spread"].shape[1]
-        if runs > 1:
-            fig.suptitle(f"{runs} runs: mean and 10-90% band")
     return fig
 
 
