@@ -1,0 +1,98 @@
+"""A vectorisable exp for numba kernels: `vexp(x)` for float64 and float32 scalars.
+
+numba compiles `math.exp` to a scalar libm call (about 4 ns per element here; numba's
+vectorised SVML path needs an SVML-patched LLVM that the PyPI wheels do not ship), which
+would make exp, not arithmetic, the cost of a fused attention kernel. `vexp` is plain
+arithmetic that LLVM vectorises inside a loop (AVX2/AVX-512 lanes):
+
+    exp(x) = 2^n * exp(r),   n = round(x / ln 2),   r = x - n ln 2  (|r| <= ln 2 / 2),
+
+with n ln 2 subtracted in two parts (Cody & Waite, *Software Manual for the Elementary
+Functions*, 1980; the split constants of fdlibm's e_exp.c), exp(r) by its Taylor polynomial
+(degree 12 in float64, truncation error below 2e-16; degree 7 in float32, below 1.3e-7,
+in Horner form with fused multiply-adds) and 2^n built directly in the exponent bits.
+Inputs below the smallest normal result (-708.39 in float64, -87.33 in float32) and -inf
+return exactly 0: the kernels only exponentiate scores minus their row maximum (<= 0), where
+such terms are below rounding of the sum, and flushing them avoids the slow subnormal path
+(../shared/BENCHMARKS.md, "float32 exp is slow on subnormal results"). Inputs are assumed
+<= 709 (float64) or <= 88 (float32); NaN is not propagated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic, overload
+
+__all__ = ["vexp"]
+
+# No "reassoc": it would let LLVM merge the two-part subtraction of n ln 2 and lose digits.
+EXACT_FASTMATH = {"contract", "nsz", "arcp"}
+
+LOG2E = 1.4426950408889634
+LN2_HI = 6.93147180369123816490e-01  # fdlibm e_exp.c: ln2HI[0], low 32 bits zero
+LN2_LO = 1.90821492927058770002e-10  # ln2LO[0]
+TAYLOR64 = tuple(1.0 / math.factorial(i) for i in range(13))
+MIN64 = -708.3964185322641  # log of the smallest normal float64
+
+LOG2E_32 = np.float32(1.442695)
+LN2_HI_32 = np.float32(0.693359375)  # 355/512, exact in a few bits
+LN2_LO_32 = np.float32(-2.12194440e-4)  # ln 2 - 355/512 (Cephes expf)
+TAYLOR32 = tuple(np.float32(1.0 / math.factorial(i)) for i in range(8))
+MIN32 = np.float32(-87.33654)  # log of the smallest normal float32
+
+
+@intrinsic
+def _int_bits_as_float(typingctx, bits):
+    """Reinterpret the bits of an int64 (int32) as a float64 (float32)."""
+    if bits == types.int64:
+        target = types.float64
+    elif bits == types.int32:
+        target = types.float32
+    else:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(target))
+
+    return target(bits), codegen
+
+
+@njit(fastmath=EXACT_FASTMATH)
+def _exp64(x):
+    n = np.floor(x * LOG2E + 0.5)
+    r = (x - n * LN2_HI) - n * LN2_LO
+    p = TAYLOR64[12]
+    for c in TAYLOR64[11::-1]:
+        p = p * r + c
+    scale = _int_bits_as_float((np.int64(n) + 1023) << 52)
+    return p * scale if x > MIN64 else 0.0
+
+
+@njit(fastmath=EXACT_FASTMATH)
+def _exp32(x):
+    n = np.floor(x * LOG2E_32 + np.float32(0.5))
+    r = (x - n * LN2_HI_32) - n * LN2_LO_32
+    p = TAYLOR32[7]
+    for c in TAYLOR32[6::-1]:
+        p = p * r + c
+    scale = _int_bits_as_float(np.int32((np.int64(n) + 127) << 23))  # numba widens int32 ops
+    return p * scale if x > MIN32 else np.float32(0.0)
+
+
+def vexp(x: float) -> float:
+    """exp(x) for x <= 709 (float64) / 88 (float32), 0 below the normal range. Relative
+    error about 1e-15 (float64) / 2e-7 (float32) against the correctly rounded exp.
+    Callable from numba code (vectorises in loops); from Python it is `math.exp`."""
+    return math.exp(x)
+
+
+@overload(vexp, jit_options={"fastmath": EXACT_FASTMATH})
+def _vexp_overload(x):
+    if isinstance(x, types.Float) and x.bitwidth == 32:
+        return lambda x: _exp32(x)
+    if isinstance(x, types.Float):
+        return lambda x: _exp64(x)
+    return None

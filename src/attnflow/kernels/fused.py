@@ -1,0 +1,208 @@
+"""The fused attention kernel (numba) for ensembles: many independent runs of small head
+dimension (the paper's Fig. 3: 5000 runs, n = 200, d = 2).
+
+For each run b and query i, with allowed keys j in [lo_i, hi_i) (the mask's band) plus the
+m memory keys:
+
+    s_j = beta <q_i, k_j> (+ bias_ij, + log a_j for memory),   w_j = exp(s_j - max_j s_j),
+    out_i = sum_j w_j v_j / sum_j w_j                                  (SCIENCE.md §1)
+
+What makes it fast (../shared/BENCHMARKS.md):
+* the masked half of the scores is never computed (a causal row i visits i + 1 keys, not n);
+* runs are the SIMD lanes: LANES runs are transposed into a lane-last tile (n, e, LANES), and
+  every inner loop runs over those lanes with a trip count fixed at compile time, so all of
+  them vectorise without remainder loops or horizontal reductions;
+* one row of scores for the tile (n + m, LANES) stays in L1/L2 cache instead of (B, n, n)
+  temporaries being allocated every call;
+* exp is `vexp` (vectorised by LLVM, no subnormal slow path);
+* tiles are shared among threads (`attnflow.kernels._threads`), both cores.
+
+Every mask: causal, full and ("window", w) as bands; boolean arrays as the band [0, n) plus
+an additive 0 / -inf bias. float64 and float32 inputs are computed in their own dtype.
+With fewer runs than LANES the unused lanes are wasted work: `attnflow.kernels.auto` then
+picks another kernel.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+from numba import njit
+
+from attnflow._checks import fail
+from attnflow.kernels._threads import parallel_ranges
+from attnflow.kernels._vexp import vexp
+from attnflow.kernels.masks import MaskSpec, mask_matrix
+from attnflow.kernels.types import Memory
+
+__all__ = ["LANES", "attend", "band"]
+
+LANES = 32  # runs per SIMD tile
+# Largest spread of a row's scores for which the Cauchy-Schwarz bound may replace the row
+# maximum: exp(-spread - 37) (float64) / exp(-spread - 17) (float32) must stay normal.
+SAFE_SPREAD = {np.float64: 600.0, np.float32: 60.0}
+# Reductions need "reassoc" to vectorise; vexp keeps its own exact flags (see _vexp.py).
+FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+
+
+def band(mask: MaskSpec, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The keys each query may attend to, as a band and an optional bias.
+
+    Returns (lo, hi, bias): query i attends to tokens j in [lo[i], hi[i]) (int64 arrays of
+    shape (n,)); bias is None for "causal", "full" and ("window", w), and for a boolean array
+    mask the (n, n) float64 matrix with 0 where allowed and -inf elsewhere (band [0, n)).
+    """
+    i = np.arange(n, dtype=np.int64)
+    if isinstance(mask, np.ndarray):
+        allowed = mask_matrix(mask, n)
+        return np.zeros(n, np.int64), np.full(n, n, np.int64), np.where(allowed, 0.0, -np.inf)
+    if mask == "full":
+        return np.zeros(n, np.int64), np.full(n, n, np.int64), None
+    if mask == "causal":
+        return np.zeros(n, np.int64), i + 1, None
+    return np.maximum(i - mask[1] + 1, 0), i + 1, None
+
+
+@cache
+def _compile(e: int, f: int):
+    """The kernel for head sizes e (queries/keys) and f (values), fixed at compile time so
+    the loops over them unroll and the lane loops vectorise."""
+    lanes = LANES
+
+    @njit(nogil=True, fastmath=FASTMATH)
+    def kernel(q, k, v, mem_k, mem_v, bias, bias_lo, bias_hi, safe, lo, hi, beta, out, acc,
+               tile0, tile1):
+        runs, n = q.shape[0], q.shape[1]
+        m = mem_k.shape[0]
+        zero = q.dtype.type(0)
+        # Lane-last tiles (token, coordinate, lane); rows n.. of kt and vt hold the memory
+        # keys/values, the same in every lane; lanes past the last run stay zero. Inner loops
+        # index only views taken outside them (kt[j], acc[c]) with range variables, so LLVM
+        # sees non-negative indices and no aliasing, and vectorises them.
+        qt = np.zeros((n, e, lanes), q.dtype)  # beta * queries
+        kt = np.zeros((n + m, e, lanes), q.dtype)
+        vt = np.zeros((n + m, f, lanes), q.dtype)
+        for j in range(m):
+            for c in range(e):
+                kt[n + j, c] = mem_k[j, c]
+            for c in range(f):
+                vt[n + j, c] = mem_v[j, c]
+        k_max = np.empty(lanes, q.dtype)  # max_j |k_j| in each lane
+        shift = np.empty(lanes, q.dtype)
+        total = np.empty(lanes, q.dtype)  # sum_r w_r
+        for tile in range(tile0, tile1):
+            b0 = tile * lanes
+            used = min(lanes, runs - b0)
+            for l in range(used):
+                for j in range(n):
+                    for c in range(e):
+                        qt[j, c, l] = beta * q[b0 + l, j, c]
+                        kt[j, c, l] = k[b0 + l, j, c]
+                    for c in range(f):
+                        vt[j, c, l] = v[b0 + l, j, c]
+            k_max[:] = zero
+            for j in range(n + m):
+                kj = kt[j]
+                for l in range(lanes):
+                    x = zero
+                    for c in range(e):
+                        x += kj[c, l] * kj[c, l]
+                    k_max[l] = max(k_max[l], x)
+            k_max[:] = np.sqrt(k_max)
+            for i in range(n):
+                row = bias[i if bias.shape[0] > 1 else 0]
+                qi = qt[i]
+                width = hi[i] - lo[i]
+                # Shift: every score is <= beta |q_i| max|k_j| + max bias (Cauchy-Schwarz) and
+                # >= minus that; if the spread is small no weight that matters underflows and
+                # the bound replaces the row maximum (softmax is shift-invariant).
+                spread = zero
+                for l in range(lanes):
+                    x = zero
+                    for c in range(e):
+                        x += qi[c, l] * qi[c, l]
+                    bound = np.sqrt(x) * k_max[l]
+                    shift[l] = bound + bias_hi
+                    spread = max(spread, 2 * bound + bias_hi - bias_lo)
+                if spread > safe:  # rare (huge beta): one more pass for the exact row maximum
+                    shift[:] = -np.inf
+                    for r in range(width + m):  # r: allowed tokens lo[i].., then memory
+                        j = lo[i] + r if r < width else n + r - width
+                        kj = kt[j]
+                        for l in range(lanes):
+                            x = row[j]
+                            for c in range(e):
+                                x += qi[c, l] * kj[c, l]
+                            shift[l] = max(shift[l], x)
+                total[:] = zero
+                for c in range(f):
+                    acc[c][:] = zero
+                for r in range(width + m):
+                    j = lo[i] + r if r < width else n + r - width
+                    kj = kt[j]
+                    vj = vt[j]
+                    for l in range(lanes):  # the one exp loop (one inlined, vectorised vexp)
+                        x = row[j]
+                        for c in range(e):
+                            x += qi[c, l] * kj[c, l]
+                        w = vexp(x - shift[l])
+                        total[l] += w
+                        for c in range(f):
+                            acc[c][l] += w * vj[c, l]
+                for l in range(used):
+                    for c in range(f):
+                        out[b0 + l, i, c] = acc[c][l] / total[l]
+
+    return kernel
+
+
+def attend(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    beta: float,
+    mask: MaskSpec,
+    memory: Memory | None = None,
+) -> np.ndarray:
+    """Masked softmax attention, same contract as `attnflow.kernels.dense.attend`.
+
+    q, k : (..., n, e); v : (..., n, f); leading axes broadcast. Computed in float32 when all
+    inputs are float32, else float64. Returns (..., n, f).
+    """
+    dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
+    if dtype not in (np.float32, np.float64):
+        raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n, e, f = q.shape[-2], q.shape[-1], v.shape[-1]
+    runs = int(np.prod(lead))
+
+    def runs_first(a: np.ndarray, width: int) -> np.ndarray:
+        return np.ascontiguousarray(np.broadcast_to(a, (*lead, n, width)).reshape(runs, n, width),
+                                    dtype)
+
+    if memory is None:
+        memory = Memory(np.zeros((0, e)), np.zeros((0, f)), np.zeros(0))
+    mem_k, mem_v = (np.ascontiguousarray(a, dtype) for a in memory[:2])
+    lo, hi, mask_bias = band(mask, n)
+    # Additive score bias (rows: one per query, or one for all), columns: tokens then memory.
+    bias = np.zeros((1 if mask_bias is None else n, n + len(memory.log_weights)), dtype)
+    bias[:, n:] = memory.log_weights
+    if mask_bias is not None:
+        bias[:, :n] = mask_bias
+    out = np.empty((runs, n, f), dtype)
+    if runs and n:
+        kernel = _compile(e, f)
+        finite = bias[np.isfinite(bias)] if np.isfinite(bias).any() else np.zeros(1)
+        args = (runs_first(q, e), runs_first(k, e), runs_first(v, f), mem_k, mem_v, bias,
+                dtype.type(finite.min()), dtype.type(finite.max()), SAFE_SPREAD[dtype.type],
+                lo, hi, dtype.type(beta), out)
+        tiles = -(-runs // LANES)
+        def run(t0: int, t1: int) -> None:
+            # sum_r w_r v_rc for each c: separate arrays, so LLVM vectorises each row's update
+            acc = tuple(np.empty(LANES, dtype) for _ in range(f))
+            kernel(*args, acc, t0, t1)
+
+        parallel_ranges(run, tiles,
+                        cost=tiles * LANES * n * bias.shape[1] * (e + f + 8))
+    return out.reshape(*lead, n, f)
