@@ -115,6 +115,13 @@ def test_circle_centers_are_chosen_at_start_and_followed_by_index():
     fig = plot.plot_circle(synthetic(np.stack([X0, X1])), t=1, centers_from=None)
     counts = sorted(len(o) for o in scatter_offsets(fig.axes[0]))
     assert counts == [3, 3, 4]  # recomputed at t = 1: three clumps (0-1, 2, 3)
+    fig = plot.plot_circle(synthetic(np.stack([X0, X1, X1])), t=2, centers_from=1.2)
+    counts = sorted(len(o) for o in scatter_offsets(fig.axes[0]))
+    assert counts == [3, 3, 4]  # chosen at the saved time nearest 1.2
+    late = Trajectory(times=np.array([10.0, 11.0]), states=np.stack([X0, X1]),
+                      model=af.Attention(beta=64), integrator={})
+    rings = [o for o in scatter_offsets(plot.plot_circle(late).axes[0]) if len(o) == 2]
+    assert len(rings) == 2  # "start" is the first saved time, here t = 10
 
 
 def test_memory_tokens_are_drawn_where_they_are():

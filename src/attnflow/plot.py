@@ -46,7 +46,9 @@ from attnflow.sphere import geodesic_distance
 from attnflow.trajectory import Trajectory
 
 __all__ = [
+    "Frame",
     "animate",
+    "frame",
     "plot_angles",
     "plot_attention",
     "plot_circle",
@@ -305,7 +307,7 @@ def plot_circle(
     color: str = "index",
     centers: bool = True,
     delta: float | None = None,
-    centers_from: float | None = 0.0,
+    centers_from: float | str | None = "start",
     tol: float | None = None,
     basis: Any = None,
     colorbar: bool = True,
@@ -325,8 +327,9 @@ def plot_circle(
         with area proportional to the cluster's size.
     centers : mark Rényi centers (black rings) and strong Rényi centers (red dots) of radius
         `delta` (default 4 beta^{-1/2}), placed on an outer ring at the angles of the tokens.
-    centers_from : the time whose configuration defines the centers (default 0: chosen at
-        arrival and followed by index, as in the paper); None recomputes them at each time.
+    centers_from : the time whose configuration defines the centers: "start" (default, the
+        first saved time: centers chosen at arrival and followed by index, as in the paper),
+        a time (the nearest saved one), or None to recompute them at each time shown.
         Memory tokens of the model (the frozen centers of Theorem 5.2) are drawn as diamonds.
     tol : geodesic cluster tolerance in radians (default beta^{-1/2} / 4).
     basis : directions for d > 2 (see `frame`); by default the top principal directions.
@@ -348,7 +351,8 @@ def plot_circle(
     if centers:
         delta = _delta(traj, delta)
         if centers_from is not None:
-            i0 = _time_index(times, centers_from, "centers_from")
+            i0 = 0 if isinstance(centers_from, str) and centers_from == "start" else \
+                _time_index(times, centers_from, "centers_from")
             fixed = _center_indices(_finite("traj", X[i0:i0 + 1], times[i0:i0 + 1])[0], delta)
     if figsize is None:
         extra = 0.45 if colorbar else 0.0
