@@ -915,7 +915,7 @@ def _render(traj: Trajectory, X: np.ndarray, times: np.ndarray, view: Any, basis
                     dots.set_facecolors(colors[::-1][sel])
         label = fig.text(0.5, 0.96, "", ha="center", va="center", fontsize=11)
         if fr.note:
-            fig.text(0.01, 0.01, fr.note, fontsize=6, color="0.3")
+            fig.text(0.01, 0.01, fr.note, fontsize=7, color="0.3")
         fmt = _time_format(times)
         images = []
         for Xt, t in zip(X, times):
