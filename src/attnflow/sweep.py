@@ -717,18 +717,21 @@ def _executor(scheduler: Any, workers: int | None, dashboard: str | None
             client = scheduler
         elif scheduler is None:
             n = len(os.sched_getaffinity(0)) if workers is None else workers
+            # Without a dashboard the scheduler still serves /health on its HTTP port, by
+            # default 8787: an ephemeral loopback port instead leaves 8787 alone.
             cluster = stack.enter_context(LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                dashboard_address=dashboard, worker_dashboard_address=None))
-            client = stack.enter_context(Client(cluster))
+                dashboard_address=dashboard, worker_dashboard_address=None,
+                scheduler_kwargs={"dashboard_address": dashboard or "127.0.0.1:0"}))
+            client = stack.enter_context(Client(cluster, set_as_default=False))
         else:
-            client = stack.enter_context(Client(scheduler, timeout="30s"))
+            client = stack.enter_context(Client(scheduler, timeout="30s", set_as_default=False))
         session = os.urandom(4).hex()
 
         def run(tasks: list[Task]) -> Outcomes:
             by_key = {f"attnflow-sweep-{session}-{t.label}": t for t in tasks}
             futures = client.map(run_task, tasks, key=list(by_key), pure=False)
-            for future in as_completed(futures):
+            for future in as_completed(futures, loop=client.loop):
                 try:
                     yield by_key[future.key], future.result()
                 except Exception as err:
