@@ -429,3 +429,67 @@ def test_minilm_text_to_tokens_with_its_own_tokenizer(minilm):
     assert len(minilm.token_ids("word " * 200)) == 202
     with pytest.raises(ValueError, match="text: expected a non-empty string"):
         minilm.token_ids("  ")
+
+
+def test_run_pretrained_first_token_follows_the_single_token_flow(tmp_path):
+    """Causal: token 1 attends only to itself, so x_1(t) = e^{tV} x_1(0) / |e^{tV} x_1(0)|
+    (SCIENCE.md §1, Lemma 3.1's ODE), with V = V_h for one head and sum_h V_h for all."""
+    from scipy.linalg import expm
+
+    from attnflow.analysis import predict_configuration
+    from attnflow.pretrained import run_pretrained
+
+    t = bert_tensors(np.random.default_rng(15), 2)
+    ckpt = Checkpoint(write_checkpoint(tmp_path / "b", BERT_CONFIG, t))
+    layer = ckpt.layer(1)
+    for head, V in ((1, layer.value_map(1)), (None, sum(layer.value_map(h) for h in range(H)))):
+        res = run_pretrained(ckpt, 1, token_ids=[3, 1, 4, 1, 5], head=head, beta=2.0,
+                             t_end=2.0, method="rk4", dt=0.01)
+        assert set(res.runs) == {"causal", "full"} and res.token_ids == [3, 1, 4, 1, 5]
+        traj, seen = res.runs["causal"]
+        assert traj.model.mask == "causal" and res.runs["full"][0].model.mask == "full"
+        want = expm(2.0 * V) @ res.x0[0]
+        np.testing.assert_allclose(traj.final[0], want / np.linalg.norm(want), atol=1e-8)
+        assert seen.n_clusters >= 1
+        if head is None:
+            assert res.prediction is None
+        else:
+            assert res.prediction.row == predict_configuration(V).row
+    with pytest.raises(ValueError, match="text, token_ids: expected exactly one of them"):
+        run_pretrained(ckpt, 0)
+
+
+def test_cli_simulate_from_model(tmp_path):
+    from typer.testing import CliRunner
+
+    from attnflow.cli import app
+
+    t = bert_tensors(np.random.default_rng(16), 2)
+    model = write_checkpoint(tmp_path / "b", BERT_CONFIG, t)
+    out = tmp_path / "run.nc"
+    result = CliRunner().invoke(app, [
+        "simulate", "--from-model", str(model), "--layer", "1", "--head", "0",
+        "--token-ids", "3,1,4", "--t-end", "1", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "atlas prediction" in result.output and "causal" in result.output
+    for mask in ("causal", "full"):
+        traj = af.load(tmp_path / f"run_{mask}.nc")
+        assert traj.model.mask == mask and traj.states.shape[-2:] == (3, D)
+    bad = CliRunner().invoke(app, ["simulate", "--from-model", str(model), "--token-ids", "3,x"])
+    assert bad.exit_code == 2 and "comma-separated integers" in bad.output
+
+
+@needs_minilm
+def test_minilm_dynamics_from_text(minilm):
+    from scipy.linalg import expm
+
+    from attnflow.pretrained import run_pretrained
+
+    res = run_pretrained(minilm, 4, text="The cat sat on the mat.", head=8, t_end=1.0,
+                         masks=("causal",), method="rk4", dt=0.05)
+    assert res.x0.shape == (9, 384) and res.token_ids[0] == 101
+    # lambda_max of W_V W_O is negative for this head, so V_h's top eigenvalue is its kernel's 0
+    assert res.prediction.row == "not-covered" and abs(res.prediction.lambda_max) < 1e-6
+    want = expm(minilm.layer(4).value_map(8)) @ res.x0[0]
+    np.testing.assert_allclose(res.runs["causal"][0].final[0], want / np.linalg.norm(want),
+                               atol=1e-8)

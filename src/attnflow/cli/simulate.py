@@ -57,7 +57,8 @@ def parse_times(text: str | None) -> np.ndarray | None:
 def simulate(
     n: int = typer.Option(200, min=1, help="Number of tokens."),
     d: int = typer.Option(2, min=1, help="Dimension: tokens live on S^{d-1} in R^d."),
-    beta: float = typer.Option(64.0, min=0.0, help="Inverse temperature beta >= 0."),
+    beta: float = typer.Option(None, min=0.0, help="Inverse temperature beta >= 0 (default 64;"
+                               " 1 with --from-model)."),
     mask: str = typer.Option("causal", help="causal | full | window:W | FILE.npy (bool n x n)."),
     Q: str = typer.Option("identity", "--Q", help=f"Query matrix: {SPEC_HELP}."),
     K: str = typer.Option("identity", "--K", help=f"Key matrix: {SPEC_HELP}."),
@@ -79,6 +80,16 @@ def simulate(
         "(default beta^{-1/2} / 4, or 1e-2 if beta = 0)."),
     out: Path = typer.Option(Path("run.nc"), "--out", "-o", help="Output file, .nc or .zarr."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    from_model: Path = typer.Option(None, help="A Hugging Face checkpoint directory: simulate "
+                                    "one layer of it, causal and full, from the model's "
+                                    "embedding of --text or --token-ids (replaces --n, --d, "
+                                    "--Q, --K, --V, --mask, --batch, --seed, --dtype)."),
+    layer: int = typer.Option(0, min=0, help="With --from-model: the layer (0-based)."),
+    head: int = typer.Option(None, min=0, help="With --from-model: one head (default: all "
+                             "heads, summed)."),
+    text: str = typer.Option(None, help="With --from-model: the text to embed."),
+    token_ids: str = typer.Option(None, help="With --from-model: comma-separated token ids "
+                                  "instead of --text."),
 ) -> None:
     """Simulate attention dynamics from uniform random tokens and write the Trajectory.
 
@@ -90,6 +101,14 @@ def simulate(
     from attnflow.analysis import cluster_count
     from attnflow.sphere import geodesic_distance, uniform
 
+    if from_model is not None:
+        from attnflow.cli.spectra import simulate_from_model
+
+        return simulate_from_model(from_model, layer, head, text, token_ids, out, cluster_tol,
+                                   beta=1.0 if beta is None else beta, t_end=t_end,
+                                   method=method.value, dt=dt, rtol=rtol, atol=atol,
+                                   save_at=parse_times(save_at), progress=progress)
+    beta = 64.0 if beta is None else beta
     console = Console(stderr=True)
     try:
         matrices = {name: matrix_from_spec(spec, d, name, seed)

@@ -1,8 +1,10 @@
-"""`attnflow spectra`: per-head value and query-key spectra of a pretrained checkpoint."""
+"""Pretrained checkpoints on the command line: `attnflow spectra` (per-head value and
+query-key spectra) and the `--from-model` path of `attnflow simulate`."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -55,3 +57,41 @@ def spectra(
     negative = ", ".join(f"L{layer} H{head}" for layer, head in p["negative_heads"]) or "none"
     print(f"negative heads    {negative}")
     print(f"written           {', '.join(str(Path(out) / f) for f in summary['files'])}")
+
+
+def simulate_from_model(model_dir: Path, layer: int, head: int | None, text: str | None,
+                        token_ids: str | None, out: Path, cluster_tol: float | None,
+                        **options: Any) -> None:
+    """`attnflow simulate --from-model`: run causal and full dynamics of one layer from the
+    embedding of a text, write both trajectories (OUT with _causal / _full before the suffix)
+    and print each final configuration beside the atlas prediction. `options` go to
+    `attnflow.pretrained.run_pretrained` (beta, t_end, method, dt, rtol, atol, save_at,
+    progress)."""
+    from attnflow.pretrained import run_pretrained
+
+    console = Console(stderr=True)
+    try:
+        ids = None if token_ids is None else [int(v) for v in token_ids.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {token_ids!r}",
+                                 param_hint="--token-ids") from None
+    tol = 1e-2 if cluster_tol is None else cluster_tol
+    try:
+        result = run_pretrained(model_dir, layer, text=text, token_ids=ids, head=head,
+                                tol=tol, **options)
+    except ValueError as err:
+        console.print(f"error: {err}", style="red", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    n, d = result.x0.shape
+    which = "all heads (summed)" if head is None else f"head {head}"
+    print(f"model             {result.model_name}, layer {layer}, {which}")
+    print(f"tokens            n = {n}, d = {d}, ids {result.token_ids}")
+    if result.prediction is None:
+        print("atlas prediction  none (the atlas is for one value matrix: pass --head)")
+    else:
+        print(f"atlas prediction  {result.prediction.label}")
+    for mask, (traj, seen) in result.runs.items():
+        path = traj.save(out.with_name(f"{out.stem}_{mask}{out.suffix}"))
+        print(f"{mask:17s} {seen.label}: {seen.n_clusters} clusters at tol {tol:g} rad, "
+              f"max dist to x_1(0) {seen.max_dist_x1:.3g}, to L {seen.max_dist_L:.3g} rad "
+              f"(t = {traj.times[-1]:g}, {traj.n_evals} field evaluations) -> {path}")

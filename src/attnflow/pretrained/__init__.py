@@ -5,12 +5,15 @@ value and query-key spectra, and attention dynamics with real weights (SCIENCE.m
                 AttentionLayer (W_Q, W_K, W_V, W_O per head, norm gains), embeddings
     spectra     per-head spectra of W_V W_O and of B = W_Q^T W_K / sqrt(d_head), the
                 Gaussian baseline, the figure and tables (`write_spectra`)
-    dynamics    Attention models from a layer's heads, initial tokens from text or ids
+    dynamics    Attention models from a layer's heads, initial tokens from text or ids,
+                causal and full runs beside the atlas prediction (`run_pretrained`)
 """
 
 from attnflow.pretrained.checkpoint import LAYOUTS, AttentionLayer, Checkpoint
 from attnflow.pretrained.dynamics import (
+    PretrainedDynamics,
     attention_from_pretrained,
+    run_pretrained,
     tokens_from_ids,
     tokens_from_text,
 )
@@ -30,11 +33,13 @@ __all__ = [
     "AttentionLayer",
     "Checkpoint",
     "HeadSpectrum",
+    "PretrainedDynamics",
     "attention_from_pretrained",
     "gaussian_layers",
     "head_spectra",
     "layer_spectra",
     "plot_spectra",
+    "run_pretrained",
     "spectra_report",
     "spectra_summary",
     "tokens_from_ids",

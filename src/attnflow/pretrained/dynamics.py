@@ -14,18 +14,29 @@ LayerNorm'd residual stream have norm about sqrt(d), which is beta = d.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from attnflow._checks import fail
+from attnflow.analysis.atlas import (
+    AtlasPrediction,
+    ObservedConfiguration,
+    classify_configuration,
+    predict_configuration,
+)
 from attnflow.kernels.masks import MaskSpec
 from attnflow.model import Attention
 from attnflow.pretrained.checkpoint import Checkpoint
+from attnflow.simulate import simulate
 from attnflow.sphere import normalize
+from attnflow.trajectory import Trajectory
 
-__all__ = ["attention_from_pretrained", "tokens_from_ids", "tokens_from_text"]
+__all__ = ["PretrainedDynamics", "attention_from_pretrained", "run_pretrained",
+           "tokens_from_ids", "tokens_from_text"]
 
 
 def _checkpoint(model_dir: str | Path | Checkpoint) -> Checkpoint:
@@ -63,3 +74,62 @@ def tokens_from_text(model_dir: str | Path | Checkpoint, text: str) -> np.ndarra
     tokenizer.json (with `tokenizers`, special tokens included), then `tokens_from_ids`."""
     ckpt = _checkpoint(model_dir)
     return tokens_from_ids(ckpt, ckpt.token_ids(text))
+
+
+@dataclass(frozen=True)
+class PretrainedDynamics:
+    """Dynamics of one layer of a pretrained model from the embedding of a text.
+
+    Attributes
+    ----------
+    model_name, layer, head : what was simulated (head None: all heads summed).
+    token_ids : (n,) the token ids; x0 : (n, d) the initial tokens on the sphere.
+    prediction : the atlas row predicted from the head's value map V_h = W_O^h W_V^h (d x d;
+        its spectrum is that of W_V^h W_O^h plus d - d_head zeros, so a head whose nonzero
+        spectrum lies in the left half-plane has lambda_max = 0, which the atlas does not
+        cover); None for all heads, which the atlas (one value matrix) does not cover.
+    runs : mask name -> (Trajectory, ObservedConfiguration of the final tokens, classified
+        with V_h and x_1(0) at geodesic tolerance `tol`).
+    """
+
+    model_name: str
+    layer: int
+    head: int | None
+    token_ids: list[int]
+    x0: np.ndarray
+    prediction: AtlasPrediction | None
+    runs: dict[str, tuple[Trajectory, ObservedConfiguration]]
+
+
+def run_pretrained(model_dir: str | Path | Checkpoint, layer: int, text: str | None = None,
+                   token_ids: Sequence[int] | None = None, head: int | None = None,
+                   beta: float = 1.0, t_end: float = 150.0,
+                   masks: Sequence[str] = ("causal", "full"), tol: float = 1e-2,
+                   progress: bool | Callable[[float], None] = False,
+                   **solver: Any) -> PretrainedDynamics:
+    """Simulate one layer's attention (one head, or all heads) from the model's own embedding
+    of `text` (or of `token_ids`: give exactly one), once per mask, and set each final
+    configuration beside the atlas prediction.
+
+    beta : inverse temperature of `attention_from_pretrained` (1: unit tokens).
+    t_end : final time (one unit = one layer). solver : method, dt, rtol, atol, save_at of
+        `attnflow.simulate`. tol : geodesic tolerance (rad) of `classify_configuration`.
+    """
+    if (text is None) == (token_ids is None):
+        raise fail("text, token_ids", "exactly one of them", "both" if text is not None
+                   else "neither")
+    ckpt = _checkpoint(model_dir)
+    ids = ckpt.token_ids(text) if text is not None else [int(i) for i in token_ids]
+    x0 = tokens_from_ids(ckpt, ids)
+    V = None
+    prediction = None
+    if head is not None:
+        V = attention_from_pretrained(ckpt, layer, head).heads[0][2]
+        prediction = predict_configuration(V, x1_0=x0[0])
+    runs = {}
+    for mask in masks:
+        model = attention_from_pretrained(ckpt, layer, head, beta=beta, mask=mask)
+        traj = simulate(model, x0, t_end, progress=progress, **solver)
+        runs[mask] = (traj, classify_configuration(traj.final, V=V, x1_0=x0[0], tol=tol))
+    return PretrainedDynamics(model_name=ckpt.name, layer=layer, head=head, token_ids=ids,
+                              x0=x0, prediction=prediction, runs=runs)
