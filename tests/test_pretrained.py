@@ -16,10 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
-import attnflow as af
-from attnflow.pretrained import (
+pytest.importorskip("safetensors")  # the `pretrained` extra
+from safetensors.numpy import save_file  # noqa: E402
+
+import attnflow as af  # noqa: E402
+from attnflow.pretrained import (  # noqa: E402
     Checkpoint,
     attention_from_pretrained,
     tokens_from_ids,

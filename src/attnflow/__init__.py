@@ -9,7 +9,7 @@ Karagodin, Polyanskiy & Rigollet, *Clustering in Causal Attention Masking* (Neur
     >>> traj = af.simulate(af.Attention(beta=64), x0, t_end=150)
 """
 
-from attnflow import analysis, sphere
+from attnflow import analysis, pretrained, sphere
 from attnflow.analysis import (
     RENYI_PARKING_CONSTANT,
     Clusters,
@@ -44,6 +44,7 @@ __all__ = [
     "Attention",
     "Clusters",
     "analysis",
+    "pretrained",
     "classify_configuration",
     "cluster_count",
     "cluster_counts",

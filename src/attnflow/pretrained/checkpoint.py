@@ -200,7 +200,11 @@ def _files(directory: Path) -> str:
 
 
 def _open_safetensors(path: Path) -> Any:
-    from safetensors import SafetensorError, safe_open
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError as err:
+        raise fail("model_dir", "the `safetensors` package installed to read "
+                   f"{path.name} (pip install 'attnflow[pretrained]')", "none") from err
 
     try:
         return safe_open(str(path), framework="np")
