@@ -689,11 +689,14 @@ Outcomes = Iterator[tuple[Task, "TaskResult | BaseException"]]
 
 
 def _check_scheduler(scheduler: Any, workers: int | None, dashboard: str | None) -> None:
-    from distributed import Client
-
     own_cluster = scheduler is None
-    if not (own_cluster or scheduler == "serial" or isinstance(scheduler, Client)
-            or (isinstance(scheduler, str) and "://" in scheduler)):
+    if isinstance(scheduler, str):
+        known = scheduler == "serial" or "://" in scheduler
+    else:
+        from distributed import Client
+
+        known = own_cluster or isinstance(scheduler, Client)
+    if not known:
         raise fail("scheduler", "None, 'serial', an address like tcp://host:8786 or a "
                    "distributed.Client", repr(scheduler))
     if not own_cluster and (workers is not None or dashboard is not None):
@@ -771,8 +774,10 @@ def sweep(
     batch, entropy : runs per task and root seed (module docstring).
     out : the Zarr store (``.zarr`` directory), created or resumed. None: a temporary store,
         loaded into memory and deleted.
-    scheduler : None (a LocalCluster on 127.0.0.1), "serial" (this process, no Dask), a
-        scheduler address such as "tcp://10.0.0.5:8786", or a distributed.Client.
+    scheduler : None (a LocalCluster on 127.0.0.1; it spawns worker processes, so a script
+        calling this needs the ``if __name__ == "__main__":`` guard), "serial" (this
+        process, no Dask: best for small grids), a scheduler address such as
+        "tcp://10.0.0.5:8786", or a distributed.Client.
     workers : worker processes of the LocalCluster (default: one per CPU).
     dashboard : address for the LocalCluster's dashboard, e.g. "127.0.0.1:8787" (default: none).
     progress : True for a progress bar on stderr, or a callable receiving (runs finished,
