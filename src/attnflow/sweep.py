@@ -668,7 +668,10 @@ def _write(group: zarr.Group, task: Task, result: TaskResult) -> None:
 
 def sweep_status(out: str | os.PathLike) -> dict[str, int]:
     """Counts of pending, done and failed runs in a sweep store."""
-    status = zarr.open_group(Path(out), mode="r")["status"][...]
+    try:
+        status = zarr.open_group(Path(out), mode="r")["status"][...]
+    except Exception:  # missing, not zarr, or no status array
+        raise fail("out", "an attnflow sweep store", str(out)) from None
     return {"pending": int(np.sum(status == PENDING)), "done": int(np.sum(status == DONE)),
             "failed": int(np.sum(status == FAILED))}
 
