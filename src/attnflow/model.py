@@ -48,7 +48,8 @@ class Attention:
         token also attends to, each counted with multiplicity a_j (Theorem 5.2 uses a_j >= 1).
     heads : optional list of (Q, K, V) triples for several heads; then Q, K, V must be None.
     combine : "sum" (default) or "mean" over heads.
-    backend : name of the attention kernel (`attnflow.kernels.KERNELS`), "dense" by default.
+    backend : name of the attention kernel (`attnflow.kernels.KERNELS`): "auto" (default)
+        picks the fastest of the numpy kernels per call; "dense" is the readable reference.
     """
 
     def __init__(
@@ -61,7 +62,7 @@ class Attention:
         memory: tuple[Any, Any] | None = None,
         heads: Sequence[Head] | None = None,
         combine: str = "sum",
-        backend: str = "dense",
+        backend: str = "auto",
     ) -> None:
         self.beta = nonnegative("beta", beta)
         self.mask = check_mask(mask)

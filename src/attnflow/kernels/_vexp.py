@@ -60,7 +60,7 @@ def _int_bits_as_float(typingctx, bits):
     return target(bits), codegen
 
 
-@njit(fastmath=EXACT_FASTMATH)
+@njit(fastmath=EXACT_FASTMATH, cache=True)
 def _exp64(x):
     n = np.floor(x * LOG2E + 0.5)
     r = (x - n * LN2_HI) - n * LN2_LO
@@ -71,7 +71,7 @@ def _exp64(x):
     return p * scale if x > MIN64 else 0.0
 
 
-@njit(fastmath=EXACT_FASTMATH)
+@njit(fastmath=EXACT_FASTMATH, cache=True)
 def _exp32(x):
     n = np.floor(x * LOG2E_32 + np.float32(0.5))
     r = (x - n * LN2_HI_32) - n * LN2_LO_32

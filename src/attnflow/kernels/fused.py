@@ -70,7 +70,7 @@ def _compile(e: int, f: int):
     the loops over them unroll and the lane loops vectorise."""
     lanes = LANES
 
-    @njit(nogil=True, fastmath=FASTMATH)
+    @njit(nogil=True, fastmath=FASTMATH, cache=True)
     def kernel(q, k, v, mem_k, mem_v, bias, bias_lo, bias_hi, safe, lo, hi, beta, out, acc,
                tile0, tile1):
         runs, n = q.shape[0], q.shape[1]
