@@ -17,7 +17,7 @@ from typing import Any
 __all__ = ["write_report", "claims_table"]
 
 VERDICT_MARK = {"reproduced": "✅ reproduced", "partly": "🟡 partly",
-                "not reproduced": "❌ not reproduced"}
+                "not reproduced": "❌ not reproduced", "not run": "⏭ not run"}
 
 
 def claims_table(results: list[dict[str, Any]]) -> list[list[str]]:

@@ -22,6 +22,7 @@ import numpy as np
 Progress = Callable[[float], None]
 
 REPRODUCED, PARTLY, NOT_REPRODUCED = "reproduced", "partly", "not reproduced"
+NOT_RUN = "not run"  # the recipe lacked an input (e.g. no checkpoint available offline)
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Claim:
     claim: str  # the claim, short
     paper: str  # what the paper says (SCIENCE.md)
     measured: str  # what we measured, with uncertainty
-    verdict: str  # REPRODUCED, PARTLY or NOT_REPRODUCED
+    verdict: str  # REPRODUCED, PARTLY, NOT_REPRODUCED or NOT_RUN
     why: str = ""  # the reason behind the verdict
 
 
