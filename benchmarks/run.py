@@ -1,0 +1,219 @@
+"""Speed benchmarks of attnflow's kernels, each a ratio against a baseline timed in the same
+run (absolute times drift on a shared machine; ratios measured together do not).
+
+    python benchmarks/run.py            # full sizes (minutes), table appended to RESULTS.md
+    python benchmarks/run.py --quick    # small sizes, seconds (the CI smoke test)
+
+W1  the paper's Fig. 3 ensemble: runs x n = 200 x d = 2, beta = 64, causal, Q = K = V = I,
+    RK4 dt = 0.05 (t = 150 projected from a few steps). Unit: causal pair-evaluations per
+    second, runs * n(n+1)/2 * field evaluations / s. Baselines: the textbook per-run numpy
+    step and its batched (B, n, n) form (benchmarks/baselines.py); floor: numpy's exp on a
+    cache-resident array (40 000 float64) times the threads used.
+W2  one field evaluation, n = 65 536, d = 64, causal, random Q, K, V (blocked kernel), in a
+    child process whose peak RSS is reported; against this run's float64 GEMM rate, counting
+    2 n^2 d flops (the causal halves of scores and values).
+W3  n = 200, d = 2, beta = 64, t = 10^4: work-precision of dopri5 against fixed-step RK4.
+W4  the torch backend (CPU threads) on W1 and W2 beside numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import attnflow as af
+from attnflow.kernels._threads import n_threads
+from attnflow.sphere import uniform
+
+sys.path.insert(0, str(Path(__file__).parent))
+from baselines import batched_step, textbook_step  # noqa: E402
+
+HERE = Path(__file__).parent
+BETA, N, D, DT = 64.0, 200, 2, 0.05
+PAIRS = N * (N + 1) // 2
+
+
+def best_of(fn, repeats: int = 3) -> float:
+    """Smallest wall time of `repeats` calls (seconds)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def exp_floor() -> float:
+    """numpy exp on 40 000 cache-resident float64 (scores range of W1): ns per element."""
+    x = -np.random.default_rng(0).uniform(0, 2 * BETA, 40_000)
+    out = np.empty_like(x)
+    return best_of(lambda: [np.exp(x, out=out) for _ in range(200)], 5) / 200 / x.size * 1e9
+
+
+def gemm_rate() -> float:
+    """float64 GEMM rate of this run (FLOP/s), 2048^3 products on all BLAS threads."""
+    a, b = np.random.default_rng(0).standard_normal((2, 2048, 2048))
+    return 2 * 2048**3 / best_of(lambda: a @ b, 3)
+
+
+def w1(runs: int, steps: int, rows: list, torch_too: bool) -> None:
+    floor_ns = exp_floor()
+    floor = n_threads() / floor_ns * 1e9
+    rows.append(("W1", "floor: numpy exp x threads", f"{n_threads()} thr", floor, None, ""))
+    x0 = uniform((runs, N), D, seed=0)
+    few = min(runs, 20)
+    t = best_of(lambda: [textbook_step(x, BETA, DT) for x in x0[:few] for _ in range(5)], 2)
+    textbook = few * 5 * PAIRS / t
+    rows.append(("W1", "baseline (a): textbook numpy per run, Euler", f"B={few}", textbook,
+                 textbook / floor, ""))
+    batch = min(runs, 256)
+    t = best_of(lambda: batched_step(x0[:batch], BETA, DT), 2)
+    rows.append(("W1", "baseline (b): textbook batched (B,n,n)", f"B={batch}", batch * PAIRS / t,
+                 batch * PAIRS / t / floor, ""))
+    finals = {}
+    for name, backend, dtype, size, n_steps in (
+            ("attnflow fused f64, RK4", "fused", np.float64, runs, steps),
+            ("attnflow fused f32, RK4", "fused", np.float32, runs, steps),
+            ("attnflow torch CPU f64, RK4", "torch", np.float64, min(runs, 256), 1)):
+        if backend == "torch" and not torch_too:
+            continue
+        model = af.Attention(beta=BETA, backend=backend)
+        x = x0[:size].astype(dtype)
+        af.simulate(model, x[:64], t_end=DT, dt=DT, normalize=True)  # compile, warm up
+        traj = af.simulate(model, x, t_end=n_steps * DT, dt=DT, save_at=[n_steps * DT],
+                           normalize=True)
+        rate = size * PAIRS * traj.n_evals / traj.wall_time
+        finals[name] = traj.final
+        minutes = 3000 / n_steps * traj.wall_time / 60 * runs / size
+        note = f"x{rate / textbook:.1f} textbook; t=150 in {minutes:.1f} min"
+        if dtype == np.float32:
+            err = np.abs(traj.final - finals["attnflow fused f64, RK4"]).max()
+            note += f"; max |x32 - x64| after {steps} steps = {err:.1e}"
+        rows.append(("W1", name, f"B={size}", rate, rate / floor, note))
+
+
+W2_CHILD = """
+import json, resource, sys, time, numpy as np
+from attnflow.kernels import blocked, dense, torch as torch_kernel
+n, d, backend = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((n, d)) / d ** 0.25 for _ in range(3))
+kernel = {"blocked": blocked.attend, "torch": torch_kernel.attend}[backend]
+m = min(n, 2048)  # the dense check, at n = 2048 for the full size
+err = float(np.abs(kernel(q[:m], k[:m], v[:m], 1.0, "causal")
+                   - dense.attend(q[:m], k[:m], v[:m], 1.0, "causal")).max())
+start = time.perf_counter()
+kernel(q, k, v, 1.0, "causal")
+wall = time.perf_counter() - start
+print(json.dumps({"wall": wall, "err": err,
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def w2(n: int, d: int, rows: list, torch_too: bool) -> None:
+    gemm = gemm_rate()
+    rows.append(("W2", "float64 GEMM rate (GFLOP/s, 2048^3)", "", gemm / 1e9, None, ""))
+    for backend in ("blocked", "torch") if torch_too else ("blocked",):
+        res = json.loads(subprocess.run([sys.executable, "-c", W2_CHILD, str(n), str(d), backend],
+                                        check=True, capture_output=True, text=True).stdout)
+        flops = 2 * n * n * d / res["wall"]
+        rows.append(("W2", f"{backend} kernel, one causal field evaluation", f"n={n}, d={d}",
+                     flops / 1e9, flops / gemm,
+                     f"{res['wall']:.2f} s; peak RSS {res['rss_mb']:.0f} MB; "
+                     f"max |{backend} - dense| at n={min(n, 2048)}: {res['err']:.1e}"))
+
+
+def w3(t_end: float, rk4_dts: list, rtols: list, rows: list) -> list:
+    x0 = uniform(N, D, seed=3)
+    model = af.Attention(beta=BETA)
+    ref = af.simulate(model, x0, t_end, save_at=[t_end], method="dopri5", rtol=1e-12,
+                      atol=1e-14).final
+    table = []
+    for dt in rk4_dts:
+        tr = af.simulate(model, x0, t_end, save_at=[t_end], method="rk4", dt=dt)
+        table.append(("rk4", f"dt={dt}", tr.n_evals, float(np.abs(tr.final - ref).max())))
+    for rtol in rtols:
+        tr = af.simulate(model, x0, t_end, save_at=[t_end], method="dopri5", rtol=rtol,
+                         atol=rtol * 1e-3)
+        table.append(("dopri5", f"rtol={rtol:g}", tr.n_evals, float(np.abs(tr.final - ref).max())))
+    ok_rk4 = [r for r in table if r[0] == "rk4" and r[3] <= 1e-6]
+    ok_dp = [r for r in table if r[0] == "dopri5" and r[3] <= 1e-6]
+    if ok_rk4 and ok_dp:
+        best_rk4 = min(ok_rk4, key=lambda r: r[2])
+        best_dp = min(ok_dp, key=lambda r: r[2])
+        rows.append(("W3", "dopri5 vs RK4 at final error <= 1e-6", f"t={t_end:g}",
+                     best_rk4[2] / best_dp[2], None,
+                     f"field evals: RK4 {best_rk4[1]} {best_rk4[2]}, dopri5 {best_dp[1]} "
+                     f"{best_dp[2]} (ratio in the value column)"))
+    else:
+        rows.append(("W3", "dopri5 vs RK4 at final error <= 1e-6", f"t={t_end:g}", float("nan"),
+                     None, "a method did not reach 1e-6 on the ladder: see the table"))
+    return table
+
+
+def markdown(rows: list, table: list, command: str, seconds: float) -> str:
+    lines = [f"## {datetime.datetime.now():%Y-%m-%d %H:%M}, `{command}`", "",
+             f"Machine: {platform.machine()}, {n_threads()} threads used, "
+             f"python {platform.python_version()}, numpy {np.__version__}; load average "
+             f"at the end {', '.join(f'{x:.1f}' for x in _loadavg())} (a shared machine: "
+             f"compare the ratios, not the absolute rates). Took {seconds:.0f} s.", "",
+             "| workload | what | size | rate | fraction of floor / GEMM | notes |",
+             "|---|---|---|---|---|---|"]
+    for w, what, size, rate, frac, note in rows:
+        frac_s = "" if frac is None else f"{frac:.3f}"
+        lines.append(f"| {w} | {what} | {size} | {rate:.3g} | {frac_s} | {note} |")
+    if table:
+        lines += ["", "W3 work-precision (final-state max error against dopri5 rtol 1e-12):", "",
+                  "| method | setting | field evaluations | max error |", "|---|---|---|---|"]
+        lines += [f"| {m} | {s} | {ev} | {err:.2e} |" for m, s, ev, err in table]
+    return "\n".join(lines) + "\n"
+
+
+def _loadavg() -> tuple[float, ...]:
+    try:
+        import os
+        return os.getloadavg()
+    except OSError:
+        return ()
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    parser.add_argument("--only", default="W1,W2,W3", help="comma-separated workloads")
+    parser.add_argument("--no-torch", action="store_true", help="skip the torch rows")
+    parser.add_argument("--results", default=str(HERE / "RESULTS.md"),
+                        help="Markdown file to append to ('' for none)")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(","))
+    start = time.perf_counter()
+    rows: list = []
+    table: list = []
+    if "W1" in only:
+        w1(runs=32 if args.quick else 5000, steps=1 if args.quick else 10, rows=rows,
+           torch_too=not args.no_torch)
+    if "W2" in only:
+        w2(n=512 if args.quick else 65536, d=64, rows=rows, torch_too=not args.no_torch)
+    if "W3" in only:
+        if args.quick:
+            table = w3(2.0, [0.5], [1e-6], rows)
+        else:
+            table = w3(1e4, [0.4, 0.2, 0.1], [1e-6, 1e-7, 1e-8, 1e-9], rows)
+    command = "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = markdown(rows, table, command.strip(), time.perf_counter() - start)
+    if args.results:
+        with open(args.results, "a") as fh:
+            fh.write("\n" + text)
+    return text
+
+
+if __name__ == "__main__":
+    print(main())

@@ -1,0 +1,180 @@
+"""Every fast kernel against the dense reference (kernels/dense.py), to 1e-12 in float64:
+random inputs, every mask, memory tokens, several heads, broadcasting, float32, threads."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import attnflow as af
+from attnflow.kernels import KERNELS, auto, blocked, dense, fused, get_kernel
+from attnflow.kernels import torch as torch_kernel
+from attnflow.kernels._threads import parallel_ranges
+from attnflow.kernels._vexp import vexp
+from attnflow.kernels.types import Memory
+
+FAST = {
+    "fused": fused.attend,
+    "blocked": lambda *a: blocked.attend(*a, block=7),  # small blocks: many edge cases
+    "auto": auto.attend,
+}
+if "torch" in KERNELS and __import__("importlib").util.find_spec("torch") is not None:
+    FAST["torch"] = torch_kernel.attend
+
+
+def masks(n: int, rng: np.random.Generator) -> list:
+    arr = (rng.random((n, n)) < 0.4) | np.eye(n, dtype=bool)
+    return ["causal", "full", ("window", 3), arr]
+
+
+def memory(rng: np.random.Generator, e: int, f: int) -> Memory:
+    return Memory(rng.standard_normal((3, e)), rng.standard_normal((3, f)),
+                  np.log(rng.uniform(1.0, 5.0, 3)))
+
+
+@pytest.mark.parametrize("name", sorted(FAST))
+@pytest.mark.parametrize("with_memory", [False, True])
+def test_equals_dense_every_mask(name, with_memory):
+    rng = np.random.default_rng(0)
+    runs, n, e, f = 37, 23, 2, 2  # runs not a multiple of fused.LANES: padded lanes
+    q, k, v = rng.standard_normal((runs, n, e)), rng.standard_normal((runs, n, e)), \
+        rng.standard_normal((runs, n, f))
+    mem = memory(rng, e, f) if with_memory else None
+    for mask in masks(n, rng):
+        for beta in (0.0, 1.0, 9.0):
+            want = dense.attend(q, k, v, beta, mask, mem)
+            got = FAST[name](q, k, v, beta, mask, mem)
+            assert got.shape == want.shape and got.dtype == np.float64
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(FAST))
+def test_unequal_head_sizes_and_broadcast(name):
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 3, 17, 3))
+    k = rng.standard_normal((1, 3, 17, 3))  # broadcasts over the first axis
+    v = rng.standard_normal((2, 1, 17, 2))  # and over the second
+    mem = memory(rng, 3, 2)
+    for mask in ("causal", ("window", 4)):
+        want = dense.attend(q, k, v, 2.0, mask, mem)
+        np.testing.assert_allclose(FAST[name](q, k, v, 2.0, mask, mem), want, rtol=0, atol=1e-12)
+
+
+def test_fused_exact_maximum_path_at_large_beta():
+    """beta |q| |k| beyond the safe spread: the fused kernel takes the exact row maximum."""
+    rng = np.random.default_rng(2)
+    x = af.sphere.uniform((40, 30), 2, seed=rng)
+    beta = 400.0  # spread 2 beta = 800 > fused.SAFE_SPREAD[np.float64]
+    assert 2 * beta > fused.SAFE_SPREAD[np.float64]
+    want = dense.attend(x, x, x, beta, "causal")
+    np.testing.assert_allclose(fused.attend(x, x, x, beta, "causal"), want, rtol=0, atol=1e-12)
+
+
+def test_blocked_long_sequence_equals_dense():
+    """The W2 check: n = 2048, d = 64, random Q, K, V, the default block size."""
+    rng = np.random.default_rng(3)
+    n, d = 2048, 64
+    q, k, v = (rng.standard_normal((n, d)) / d**0.25 for _ in range(3))
+    want = dense.attend(q, k, v, 1.0, "causal")
+    np.testing.assert_allclose(blocked.attend(q, k, v, 1.0, "causal"), want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", sorted(FAST))
+def test_several_heads_and_memory_through_the_model(backend):
+    rng = np.random.default_rng(4)
+    d = 3
+    heads = [(rng.standard_normal((d, d)), rng.standard_normal((d, d)), rng.standard_normal((d, d)))
+             for _ in range(3)]
+    points = af.sphere.uniform(2, d, seed=5)
+    x = af.sphere.uniform((6, 15), d, seed=6)
+    for combine in ("sum", "mean"):
+        kw = dict(heads=heads, beta=3.0, memory=(points, [1.0, 4.0]), combine=combine)
+        want = af.Attention(backend="dense", **kw).field(x)
+        got = af.Attention(backend=backend, **kw).field(x)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_fused_float32_close_to_float64():
+    x = af.sphere.uniform((64, 200), 2, seed=7)
+    x32 = x.astype(np.float32)
+    got = fused.attend(x32, x32, x32, 64.0, "causal")
+    assert got.dtype == np.float32
+    want = dense.attend(x, x, x, 64.0, "causal")
+    # float32 rounding of inputs (6e-8) amplified by beta |dscore| ~ 64 * 2 * 6e-8, plus sums
+    assert np.abs(got - want).max() < 1e-4
+    assert np.abs(got - want).max() > 0  # computed in float32 indeed
+
+
+def test_fused_is_causal_and_runs_are_independent():
+    """Perturbing token k changes no earlier token; perturbing one run changes no other."""
+    x = af.sphere.uniform((40, 20), 2, seed=8)
+    y = x.copy()
+    y[5, 12] = af.sphere.normalize(y[5, 12] + 0.3)
+    a, b = fused.attend(x, x, x, 9.0, "causal"), fused.attend(y, y, y, 9.0, "causal")
+    changed = np.any(a != b, axis=-1)
+    assert changed[5, 12:].all() and not changed[5, :12].any()
+    assert not np.delete(changed, 5, axis=0).any()
+
+
+def test_results_do_not_depend_on_threads(monkeypatch):
+    x = af.sphere.uniform((300, 30), 2, seed=9)
+    many = fused.attend(x, x, x, 9.0, "causal")
+    monkeypatch.setenv("ATTNFLOW_THREADS", "1")
+    assert np.array_equal(fused.attend(x, x, x, 9.0, "causal"), many)
+
+
+def test_parallel_ranges_covers_once(monkeypatch):
+    monkeypatch.setenv("ATTNFLOW_THREADS", "2")
+    for size in (1, 2, 7, 1000):
+        hits = np.zeros(size, int)
+
+        def run(a, b, hits=hits):
+            hits[a:b] += 1
+
+        parallel_ranges(run, size, cost=1e12)
+        assert (hits == 1).all()
+
+
+def test_vexp_accuracy():
+    from numba import njit
+
+    @njit
+    def apply(x):
+        out = np.empty_like(x)
+        for i in range(x.size):
+            out[i] = vexp(x[i])
+        return out
+
+    x = np.concatenate([-np.linspace(0, 708.39, 100_001), np.linspace(0, 700, 1001)])
+    rel = np.abs(apply(x) / np.exp(x) - 1)
+    assert rel.max() < 1e-15
+    assert apply(np.array([-708.4, -800.0, -np.inf])).tolist() == [0.0, 0.0, 0.0]
+    x32 = -np.linspace(0, 87.3, 10_001).astype(np.float32)
+    got = apply(x32)
+    assert got.dtype == np.float32
+    assert (np.abs(got / np.exp(x32.astype(float)) - 1)).max() < 3e-7
+    assert apply(np.array([-87.4, -np.inf], np.float32)).tolist() == [0.0, 0.0]
+    assert vexp(1.0) == math.exp(1.0)  # from Python: math.exp
+
+
+def test_auto_choice():
+    small = np.zeros((1, 32, 3))
+    assert auto.choose(small, small) is dense.attend
+    assert auto.choose(np.zeros((1, 500, 64)), np.zeros((1, 500, 64))) is blocked.attend
+    ensemble = np.zeros((5000, 200, 2))
+    assert auto.choose(ensemble, ensemble) is fused.attend
+    assert af.Attention().backend == "auto"
+
+
+def test_bad_backend_and_dtype():
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        get_kernel("fast")
+    with pytest.raises(ValueError, match="backend"):
+        af.Attention(backend="nope")
+    z = np.zeros((2, 3, 2), dtype=np.float16)
+    with pytest.raises(ValueError, match="q, k, v: expected float32 or float64"):
+        fused.attend(z.astype(np.complex64), z, z, 1.0, "causal")
+    with pytest.raises(ValueError, match="block: expected an integer >= 1"):
+        blocked.attend(z, z, z, 1.0, "causal", block=0)
