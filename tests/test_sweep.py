@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -307,33 +306,25 @@ def test_killing_a_busy_worker_loses_nothing(cluster, reference, tmp_path):
     from distributed import Client
 
     out = tmp_path / "s.zarr"
-    errors: list[BaseException] = []
-
-    def drive() -> None:
-        try:
-            sweep_fn(load_spec(_spec(tmp_path)), out=out, scheduler=cluster.address)
-        except BaseException as err:
-            errors.append(err)
-
-    driver = threading.Thread(target=drive)
-    driver.start()
+    driver = _cli(str(_spec(tmp_path)), "--scheduler", cluster.address, "--out", str(out))
     mine = {p.pid for p in cluster.procs}
     with Client(cluster.address, timeout="30s", set_as_default=False) as client:
         deadline = time.monotonic() + 60
         victim = None
         while victim is None:
-            assert time.monotonic() < deadline and driver.is_alive(), "no task ran"
+            assert time.monotonic() < deadline and driver.poll() is None, \
+                "the sweep ended before a busy worker could be killed"
             busy = [w for w, keys in client.processing().items() if keys]
-            if len(busy) > 1 and out.exists() and sweep_status(out)["done"] >= 4:
+            if len(busy) > 1 and out.exists() and sweep_status(out)["done"] >= 2:
                 victim = client.run(os.getpid, workers=busy[:1])[busy[0]]
-            time.sleep(0.1)
+            time.sleep(0.05)
     assert victim in mine
     os.kill(victim, signal.SIGKILL)
     cluster.add_workers(1, wait=False)  # a replacement, for the tests that follow
     finished = _status_chunks(out)
     assert 0 < len(finished) < 24
-    driver.join(timeout=90)
-    assert not driver.is_alive() and not errors, errors
+    stdout, stderr = driver.communicate(timeout=90)
+    assert driver.returncode == 0, stderr
     assert all(p.stat().st_ino == ino for p, ino in finished.items())  # each written once
     _assert_same(out, reference)
 
@@ -348,9 +339,9 @@ def test_killed_driver_resumes_without_recomputing(cluster, reference, tmp_path)
     spec = str(_spec(tmp_path))
     first = _cli(spec, "--scheduler", cluster.address, "--out", str(out))
     deadline = time.monotonic() + 60
-    while not (out.exists() and sweep_status(out)["done"] >= 8):
+    while not (out.exists() and sweep_status(out)["done"] >= 4):
         assert time.monotonic() < deadline and first.poll() is None, "the sweep did not start"
-        time.sleep(0.1)
+        time.sleep(0.05)
     os.kill(first.pid, signal.SIGKILL)
     first.communicate(timeout=30)
     status = sweep_status(out)
