@@ -122,8 +122,14 @@ def w2(n: int, d: int, rows: list, torch_too: bool) -> None:
     gemm = gemm_rate()
     rows.append(("W2", "float64 GEMM rate (GFLOP/s, 2048^3)", "", gemm / 1e9, None, ""))
     for backend in ("blocked", "torch") if torch_too else ("blocked",):
-        res = json.loads(subprocess.run([sys.executable, "-c", W2_CHILD, str(n), str(d), backend],
-                                        check=True, capture_output=True, text=True).stdout)
+        child = subprocess.run([sys.executable, "-c", W2_CHILD, str(n), str(d), backend],
+                               capture_output=True, text=True)
+        if child.returncode != 0:
+            why = (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]
+            rows.append(("W2", f"{backend} kernel, one causal field evaluation",
+                         f"n={n}, d={d}", float("nan"), None, f"failed: {why[:120]}"))
+            continue
+        res = json.loads(child.stdout)
         flops = 2 * n * n * d / res["wall"]
         rows.append(("W2", f"{backend} kernel, one causal field evaluation", f"n={n}, d={d}",
                      flops / 1e9, flops / gemm,
