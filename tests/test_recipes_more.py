@@ -42,3 +42,23 @@ def test_parking_matches_the_exact_formulas(tmp_path):
     assert renyi["jammed"] == pytest.approx(0.7475979 * 2 * np.pi, rel=1e-4)
     verdicts = {c["claim"][:30]: c["verdict"] for c in res["claims"]}
     assert sum(v == "not reproduced" for v in verdicts.values()) == 1  # the printed typo
+
+
+def test_atlas_rows_and_predicted_points(tmp_path):
+    res = _run("atlas", tmp_path, n=12, seeds=3, t_end=60.0, bases=["orthonormal"],
+               qk=["identity", "random"], n_saves=20)
+    settings = res["numbers"]["settings"]
+    assert {s["row"] for s in settings} == {"first-token", "point-in-L", "two-points",
+                                            "cloud-L", "two-clouds", "complex-top"}
+    for s in settings:
+        assert len(s["observed"]) == 3 and s["predicted"] == (
+            "not-covered" if s["row"] == "complex-top" else s["row"])
+        if s["row"] in ("first-token", "point-in-L"):
+            # token 1 follows the single-token ODE to the predicted point (exactly still, V = I)
+            assert max(s["token1_to_point"]) < (1e-12 if s["row"] == "first-token" else 1e-2)
+            assert all(o == s["row"] or m for o, m in zip(s["observed"], s["metastable"]))
+        if s["row"] == "two-points" and s["qk"] == "identity":
+            assert s["observed"] == ["two-points"] * 3
+        if s["row"] == "complex-top":
+            assert max(s["max_dist_plane"]) < 1e-4 and min(s["final_speed"]) > 0.1
+    assert len(res["claims"]) == 6
