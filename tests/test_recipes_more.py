@@ -62,3 +62,14 @@ def test_atlas_rows_and_predicted_points(tmp_path):
         if s["row"] == "complex-top":
             assert max(s["max_dist_plane"]) < 1e-4 and min(s["final_speed"]) > 0.1
     assert len(res["claims"]) == 6
+
+
+def test_lemma51_no_center_beats_its_bound(tmp_path):
+    res = _run("lemma51", tmp_path, n=60, runs=4, chunk=4, t_end=30.0, n_saves=40)
+    centers = res["numbers"]["centers"]
+    assert centers and res["numbers"]["violations"] == []
+    for k in centers:
+        assert k["s"] >= 2 and k["separation"] > 4  # strong at delta = 4 beta^-1/2, token 1 out
+        assert k["max_drift_over_bound"] < 1
+        assert k["bound_time_closed_form"] <= k["bound_time"]
+    assert res["claims"][0]["verdict"] == "reproduced"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-NAMES: tuple[str, ...] = ("thm41", "atlas", "fig2", "fig3", "parking", "causal_vs_full",
-                          "spectra")
+NAMES: tuple[str, ...] = ("thm41", "atlas", "fig2", "fig3", "parking", "lemma51",
+                          "causal_vs_full", "spectra")
 
 RECIPES: dict[str, ModuleType] = {
     name: importlib.import_module(f"attnflow.experiments.{name}") for name in NAMES
