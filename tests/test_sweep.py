@@ -358,11 +358,26 @@ def test_killed_driver_resumes_without_recomputing(cluster, reference, tmp_path)
     _assert_same(out, reference)
 
 
+def _alive(procs: list[psutil.Process], read) -> list:
+    """read(p) for each process still alive (dead workers of other tests may linger)."""
+    out = []
+    for p in procs:
+        try:
+            out.append(read(p))
+        except psutil.Error:
+            pass
+    return out
+
+
+def _worker_environ() -> list[dict[str, str]]:
+    return _alive(psutil.Process().children(recursive=True), lambda p: p.environ())
+
+
 def _listeners() -> set[tuple[str, int]]:
     """The listening sockets (ip, port) of this process and its descendants."""
     procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
-    return {tuple(c.laddr) for p in procs for c in p.net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN}
+    return {tuple(c.laddr) for conns in _alive(procs, lambda p: p.net_connections("inet"))
+            for c in conns if c.status == psutil.CONN_LISTEN}
 
 
 def test_local_cluster_listens_on_loopback_only():
@@ -370,10 +385,26 @@ def test_local_cluster_listens_on_loopback_only():
     before = _listeners()  # the module's external cluster, if it is up
     seen: list = []
     ds = sweep_fn(grid, batch=3, workers=2, progress=lambda done, total: seen.append(
-        (done, total, _listeners() - before)))
+        (done, total, _listeners() - before, _worker_environ())))
     assert [s[:2] for s in seen] == [(3 * i, 12) for i in range(5)]
-    for _, _, listeners in seen[1:]:
+    # Dask's nanny default (MALLOC_TRIM_THRESHOLD_=65536) slows the kernels 1.8x: unset.
+    assert "MALLOC_TRIM_THRESHOLD_" not in os.environ
+    assert not any("MALLOC_TRIM_THRESHOLD_" in env for env in seen[-1][3])
+    for _, _, listeners, _ in seen[1:]:
         assert len(listeners) >= 3  # the scheduler and two workers, at least
         assert all(ip == "127.0.0.1" for ip, _ in listeners), listeners
         assert all(port != 8787 for _, port in listeners)  # no dashboard's default port
     xr.testing.assert_identical(ds, sweep_fn(grid, batch=3, scheduler="serial"))
+
+
+def test_local_cluster_workers_use_one_kernel_thread_each():
+    from distributed import Client
+
+    from attnflow.sweep import local_cluster
+
+    def environ() -> tuple[str | None, str | None]:
+        return os.environ.get("ATTNFLOW_THREADS"), os.environ.get("MALLOC_TRIM_THRESHOLD_")
+
+    with local_cluster(workers=1) as cluster, Client(cluster, set_as_default=False) as client:
+        assert list(client.run(environ).values()) == [("1", None)]
+    assert "ATTNFLOW_THREADS" not in os.environ  # the driver keeps all its cores

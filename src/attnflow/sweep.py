@@ -43,19 +43,22 @@ of a run with more tokens are the same points.
 
 **Tasks.** The runs of one grid point are cut into blocks of `batch` consecutive seeds; a
 block is one task, integrated as one batch (``(batch, n, d)`` arrays) when its runs share
-their matrices, else run by run. The default batch is min(#seeds, 16, 2^22 / max(n)^2): a
-function of the spec only, so the partition, and with it every bit of the result, does not
-depend on the cluster. (With "dopri5" the step size is shared by the runs of a batch: every
-run meets the tolerance, but its steps depend on its batch-mates.) If a batch fails, its
-runs are redone one by one, and a run that still fails (a non-finite state, say) is recorded
-as failed with its error while the sweep goes on.
+their matrices, else run by run. The default batch is min(#seeds, 128, 2^22 / max(n)^2,
+max(4, #seeds / 8)): big enough for the batched kernels to pay (the "auto" backend picks the
+fused kernel from about 10^6 token pairs per call: 104 runs at n = 200), small enough for
+a grid point to make about 8 tasks. It is a function of the spec only, so the partition, and
+with it every bit of the result, does not depend on the cluster. (With "dopri5" the step
+size is shared by the runs of a batch: every run meets the tolerance, but its steps depend on
+its batch-mates.) If a batch fails, its runs are redone one by one, and a run that still
+fails (a non-finite state, say) is recorded as failed with its error while the sweep goes on.
 
 **Execution.** `scheduler=None`: a `distributed.LocalCluster` with one single-threaded
-worker process per CPU, listening on 127.0.0.1 only, without a dashboard unless one is asked
-for. An address ("tcp://host:8786") or a `distributed.Client`: a running cluster (``dask
-scheduler`` and ``dask worker``, dask-jobqueue, ...), whose workers need attnflow installed.
-``"serial"``: in this process, without Dask. Only the driver writes the store: the workers
-need no access to it.
+worker process per CPU (and ATTNFLOW_THREADS=1 there: one kernel thread each), listening on
+127.0.0.1 only, without a dashboard unless one is asked for. An address ("tcp://host:8786")
+or a `distributed.Client`: a running cluster (``dask scheduler`` and ``dask worker``,
+dask-jobqueue, ...), whose workers need attnflow installed (and ATTNFLOW_THREADS set to their
+share of the cores). ``"serial"``: in this process, without Dask. Only the driver writes the
+store: the workers need no access to it.
 
 **Store and resume.** The store is created atomically with the full layout and the spec
 (JSON attribute ``attnflow_sweep``), then filled as tasks finish. Chunks are one task's
@@ -109,6 +112,7 @@ __all__ = [
     "SweepIncompleteError",
     "SweepSpec",
     "load_spec",
+    "local_cluster",
     "parse_spec",
     "run_task",
     "sweep",
@@ -117,9 +121,12 @@ __all__ = [
 
 PENDING, DONE, FAILED = 0, 1, 2
 SPEC_ATTR = "attnflow_sweep"
-MAX_BATCH = 16
+MAX_BATCH = 128
 BATCH_FLOATS = 1 << 22  # cap on batch * n^2: the (batch, n, n) score arrays stay ~32 MiB
+TASKS_PER_POINT = 8  # the default batch cuts a grid point's seeds into at least this many
+MIN_BATCH = 4  # ... unless that makes batches smaller than this
 STREAMS = {"x0": 0, "V": 1, "Q": 2, "K": 3}  # spawn_key[1] of each random draw of a run
+UNTRIM = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 
 
 # ============================================================================ the spec
@@ -346,8 +353,12 @@ def parse_spec(raw: Mapping[str, Any], base: str | os.PathLike = ".") -> SweepSp
     _check_matrices(spec)
     n_max = max(spec.values("n"))
     batch = raw.get("batch")
-    batch = (min(len(spec.seeds), MAX_BATCH, max(1, BATCH_FLOATS // n_max**2)) if batch is None
-             else _integer(1)("batch", batch))
+    if batch is None:
+        seeds = len(spec.seeds)
+        batch = min(seeds, MAX_BATCH, max(1, BATCH_FLOATS // n_max**2),
+                    max(MIN_BATCH, math.ceil(seeds / TASKS_PER_POINT)))
+    else:
+        batch = _integer(1)("batch", batch)
     return replace(spec, batch=batch)
 
 
@@ -709,6 +720,27 @@ def _check_scheduler(scheduler: Any, workers: int | None, dashboard: str | None)
         raise fail("workers", "an integer >= 1", repr(workers))
 
 
+def local_cluster(workers: int | None = None, dashboard: str | None = None) -> Any:
+    """The LocalCluster a sweep starts by default: `workers` single-threaded worker processes
+    (default: one per CPU), each with one kernel thread (ATTNFLOW_THREADS=1), listening on
+    127.0.0.1 only, with a dashboard only at `dashboard` (e.g. "127.0.0.1:8787")."""
+    import dask
+    from distributed import LocalCluster
+
+    # Without a dashboard the scheduler still serves /health on its HTTP port, by default
+    # 8787: an ephemeral loopback port instead leaves 8787 alone. Dask's nanny sets
+    # MALLOC_TRIM_THRESHOLD_=65536 in its workers, which turns glibc's adaptive mmap threshold
+    # off: every (batch, n, n) temporary is then mmapped and page-faulted afresh, 1.8x slower
+    # here; None unsets it.
+    with dask.config.set({UNTRIM: None}):
+        return LocalCluster(
+            n_workers=len(os.sched_getaffinity(0)) if workers is None else workers,
+            threads_per_worker=1, processes=True, host="127.0.0.1",
+            dashboard_address=dashboard, worker_dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": dashboard or "127.0.0.1:0"},
+            env={"ATTNFLOW_THREADS": "1"})  # the workers share the CPUs
+
+
 @contextlib.contextmanager
 def _executor(scheduler: Any, workers: int | None, dashboard: str | None
               ) -> Iterator[Callable[[list[Task]], Outcomes]]:
@@ -716,19 +748,13 @@ def _executor(scheduler: Any, workers: int | None, dashboard: str | None
     if isinstance(scheduler, str) and scheduler == "serial":
         yield lambda tasks: ((t, _attempt(t)) for t in tasks)
         return
-    from distributed import Client, LocalCluster, as_completed
+    from distributed import Client, as_completed
 
     with contextlib.ExitStack() as stack:
         if isinstance(scheduler, Client):
             client = scheduler
         elif scheduler is None:
-            n = len(os.sched_getaffinity(0)) if workers is None else workers
-            # Without a dashboard the scheduler still serves /health on its HTTP port, by
-            # default 8787: an ephemeral loopback port instead leaves 8787 alone.
-            cluster = stack.enter_context(LocalCluster(
-                n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1",
-                dashboard_address=dashboard, worker_dashboard_address=None,
-                scheduler_kwargs={"dashboard_address": dashboard or "127.0.0.1:0"}))
+            cluster = stack.enter_context(local_cluster(workers, dashboard))
             client = stack.enter_context(Client(cluster, set_as_default=False))
         else:
             client = stack.enter_context(Client(scheduler, timeout="30s", set_as_default=False))
