@@ -73,3 +73,18 @@ def test_lemma51_no_center_beats_its_bound(tmp_path):
         assert k["max_drift_over_bound"] < 1
         assert k["bound_time_closed_form"] <= k["bound_time"]
     assert res["claims"][0]["verdict"] == "reproduced"
+
+
+def test_scaling_counts_and_slopes(tmp_path):
+    res = _run("scaling", tmp_path, d=[2], n=[60], runs=[4], betas=[[4, 16, 64]], t_star=20.0,
+               times=[20.0], bootstrap=20, long_tokens=800, long_draws=5)
+    (fit,) = res["numbers"]["fits"].values()
+    assert fit["target"] == 0.5 and fit["betas"] == [16, 64]
+    assert fit["strong_exact_inf"]["slope"] == pytest.approx(0.5, abs=0.02)  # pi / delta
+    for row in res["numbers"]["per_beta"]:
+        clusters = row["clusters_at_times"]
+        assert 1 <= clusters[-1] <= clusters[0] <= 60  # tokens gather into clusters
+        assert row["strong_mean"] <= row["renyi_mean"]
+    counts = [row["clusters_at_times"][-1] for row in res["numbers"]["per_beta"]]
+    assert counts == sorted(counts)  # more clusters at larger beta
+    assert len(res["claims"]) == 3

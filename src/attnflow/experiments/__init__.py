@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-NAMES: tuple[str, ...] = ("thm41", "atlas", "fig2", "fig3", "parking", "lemma51",
+NAMES: tuple[str, ...] = ("thm41", "atlas", "fig2", "fig3", "parking", "scaling", "lemma51",
                           "causal_vs_full", "spectra")
 
 RECIPES: dict[str, ModuleType] = {
