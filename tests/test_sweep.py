@@ -88,6 +88,7 @@ GOOD = {"beta": [1.0, 4.0], "n": 8, "d": 2, "t_end": 1.0, "seeds": 2}
     ({**GOOD, "mask": "window:0"}, {}, "grid.mask"),
     ({**GOOD, "d": [2, 3], "V": "diag:1,2"}, {}, "grid.V"),  # 2 eigenvalues for d = 3
     ({**GOOD, "dt": -0.1}, {}, "grid.dt"),
+    ({**GOOD, "backend": "cuda"}, {}, "grid.backend"),
     (GOOD, {"metrics": ["cluster_count", "entropy"]}, "keep.metrics[1]"),
     (GOOD, {"states": "yes"}, "keep.states"),
     (GOOD, {"radius": 1.0}, "keep.radius"),
@@ -408,3 +409,18 @@ def test_local_cluster_workers_use_one_kernel_thread_each():
     with local_cluster(workers=1) as cluster, Client(cluster, set_as_default=False) as client:
         assert list(client.run(environ).values()) == [("1", None)]
     assert "ATTNFLOW_THREADS" not in os.environ  # the driver keeps all its cores
+
+
+def test_npy_matrices_are_read_relative_to_the_spec(tmp_path):
+    """A .npy value matrix is read by the driver (workers need no file): V = -I gives the
+    same run as the preset diag:-1,-1."""
+    np.save(tmp_path / "V.npy", -np.eye(2))
+    spec = _spec(tmp_path, "[grid]\nbeta = 2\nn = 6\nd = 2\nV = ['V.npy', 'diag:-1,-1']\n"
+                 "t_end = 1\ndt = 0.1\nseeds = 2\n")
+    ds = sweep_fn(load_spec(spec), scheduler="serial")
+    a, b = (ds.drop_vars(["status", "error"]).sel(V=v) for v in ("V.npy", "diag:-1,-1"))
+    xr.testing.assert_identical(a.drop_vars("V"), b.drop_vars("V"))
+    assert np.isfinite(a.max_distance_to_first).all()
+    (tmp_path / "V.npy").unlink()
+    with pytest.raises(ValueError, match=r"^grid.V: expected an existing .npy file"):
+        load_spec(spec)

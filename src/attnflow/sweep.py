@@ -20,6 +20,7 @@ The spec (a TOML file, or the same nested mapping in Python)::
     method = "rk4"              # rk4 | euler | geodesic | dopri5
     dt = 0.05                   # step (fixed-step methods), first step (dopri5)
     rtol = 1e-6                 # dopri5 only (ignored by fixed-step methods); also atol
+    backend = "auto"            # attention kernel (attnflow.kernels; default: Attention's)
     t_end = 50                  # one number: all runs share the time axis        (required)
     save_at = [0, 10, 50]       # save times, or a count of evenly spaced times from 0 to t_end
     seeds = 8                   # a count (seeds 0..7) or a list of seed indices  (required)
@@ -96,6 +97,7 @@ from attnflow.analysis import (
     strong_renyi_centers,
 )
 from attnflow.integrate import METHODS, check_solver_args
+from attnflow.kernels import KERNELS
 from attnflow.kernels.masks import check_mask
 from attnflow.model import Attention
 from attnflow.presets import matrix_from_spec
@@ -160,6 +162,12 @@ def _text(name: str, v: Any) -> str:
     return v.strip()
 
 
+def _backend(name: str, v: Any) -> str:
+    if v not in KERNELS:
+        raise fail(name, f"one of {', '.join(KERNELS)}", repr(v))
+    return v
+
+
 def _method(name: str, v: Any) -> str:
     if v not in METHODS:
         raise fail(name, f"one of {', '.join(METHODS)}", repr(v))
@@ -196,6 +204,7 @@ AXES: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "dt": (_real(0, strict=True), None),
     "rtol": (_real(0, strict=True), None),
     "atol": (_real(0, strict=True), None),
+    "backend": (_backend, None),
 }
 GRID_FIELDS = (*AXES, "t_end", "save_at", "seeds")
 KEEP_FIELDS = ("metrics", "states", "cluster_tol", "delta_scale", "r_scale")
@@ -287,11 +296,16 @@ class SweepSpec:
         return out
 
 
+def _resolve(preset: str, base: Path) -> str:
+    """A matrix preset with a relative .npy path made relative to the spec's folder."""
+    return str(base / preset) if preset.endswith(".npy") and not Path(preset).is_absolute() \
+        else preset
+
+
 def _matrix_source(name: str, preset: str, d: int, base: Path) -> Any:
     """What a task needs to build a matrix: the preset text, or the array of a .npy file."""
     if preset.endswith(".npy"):
-        path = Path(preset) if Path(preset).is_absolute() else base / preset
-        return matrix_from_spec(str(path), d, f"grid.{name}")
+        return matrix_from_spec(_resolve(preset, base), d, f"grid.{name}")
     return preset
 
 
@@ -426,9 +440,8 @@ def _check_matrices(spec: SweepSpec) -> None:
     for d in spec.values("d"):
         for name in ("Q", "K", "V"):
             for preset in spec.values(name):
-                path = preset.endswith(".npy") and not Path(preset).is_absolute()
-                matrix_from_spec(str(spec.base / preset) if path else preset, d,
-                                 f"grid.{name}", np.random.SeedSequence(0))
+                matrix_from_spec(_resolve(preset, spec.base), d, f"grid.{name}",
+                                 np.random.SeedSequence(0))
 
 
 # ============================================================================ metrics
@@ -569,7 +582,8 @@ def _prepare(task: Task, seed: int) -> tuple[np.ndarray, Attention]:
     matrices = {name: p[name] if isinstance(p[name], np.ndarray) or p[name] is None
                 else matrix_from_spec(p[name], p["d"], name, stream(name))
                 for name in ("Q", "K", "V")}
-    model = Attention(**matrices, beta=p["beta"], mask=mask_from_text(p["mask"]))
+    backend = {} if p["backend"] is None else {"backend": p["backend"]}
+    model = Attention(**matrices, beta=p["beta"], mask=mask_from_text(p["mask"]), **backend)
     return uniform(p["n"], p["d"], np.random.default_rng(stream("x0"))), model
 
 
