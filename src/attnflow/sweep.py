@@ -45,10 +45,10 @@ of a run with more tokens are the same points.
 **Tasks.** The runs of one grid point are cut into blocks of `batch` consecutive seeds; a
 block is one task, integrated as one batch (``(batch, n, d)`` arrays) when its runs share
 their matrices, else run by run. The default batch is min(#seeds, 128, 2^22 / max(n)^2,
-max(4, #seeds / 8)): big enough for the batched kernels to pay (the "auto" backend picks the
-fused kernel from about 10^6 token pairs per call: 104 runs at n = 200), small enough for
-a grid point to make about 8 tasks. It is a function of the spec only, so the partition, and
-with it every bit of the result, does not depend on the cluster. (With "dopri5" the step
+max(4, #seeds / 8)): big enough for the batched kernels to pay (`attnflow.kernels.auto` says
+from when the fused kernel takes over), small enough for a grid point to make about 8 tasks.
+It is a function of the spec only, so the partition, and with it every bit of the result,
+does not depend on the cluster. (With "dopri5" the step
 size is shared by the runs of a batch: every run meets the tolerance, but its steps depend on
 its batch-mates.) If a batch fails, its runs are redone one by one, and a run that still
 fails (a non-finite state, say) is recorded as failed with its error while the sweep goes on.
