@@ -38,6 +38,7 @@ from attnflow.analysis import (
     Clusters,
     cluster_count,
     clusters,
+    default_cluster_tol,
     renyi_centers,
     strong_renyi_centers,
 )
@@ -151,7 +152,7 @@ def _tol(traj: Trajectory, tol: float | None) -> float:
     """The cluster tolerance: given, or beta^{-1/2} / 4 (1e-2 when beta = 0), as the CLI's."""
     if tol is not None:
         return positive("tol", tol)
-    return 0.25 / np.sqrt(traj.model.beta) if traj.model.beta > 0 else 1e-2
+    return default_cluster_tol(traj.model.beta)
 
 
 # --------------------------------------------------------------------------- figures and axes

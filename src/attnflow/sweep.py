@@ -93,12 +93,13 @@ from attnflow._checks import fail
 from attnflow.analysis import (
     cluster_count,
     consumed_fraction,
+    default_cluster_tol,
     renyi_centers,
     strong_renyi_centers,
 )
 from attnflow.integrate import METHODS, check_solver_args
 from attnflow.kernels import KERNELS
-from attnflow.kernels.masks import check_mask
+from attnflow.kernels.masks import mask_from_text
 from attnflow.model import Attention
 from attnflow.presets import matrix_from_spec
 from attnflow.simulate import simulate
@@ -179,18 +180,6 @@ def _mask_text(name: str, v: Any) -> str:
     return v.strip()
 
 
-def mask_from_text(text: str, name: str = "mask") -> Any:
-    """The mask spec of 'causal', 'full' or 'window:W' (see `attnflow.kernels.masks`)."""
-    if text.startswith("window:"):
-        w = text.split(":", 1)[1]
-        if not w.isdigit() or int(w) < 1:
-            raise fail(name, "window:W with an integer W >= 1", repr(text))
-        return check_mask(("window", int(w)))
-    if text not in ("causal", "full"):
-        raise fail(name, "causal, full or window:W", repr(text))
-    return text
-
-
 # Grid fields that may be axes, in the order of the store's dims: parser, default.
 AXES: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "beta": (_real(0, strict=False), ...),
@@ -224,8 +213,7 @@ class Keep:
     def radii(self, beta: float) -> dict[str, float]:
         """Cluster tolerance, Rényi radius delta and consumption radius r of a run (rad)."""
         scale = beta ** -0.5 if beta > 0 else math.inf
-        tol = self.cluster_tol if self.cluster_tol is not None else (
-            scale / 4 if beta > 0 else 1e-2)
+        tol = self.cluster_tol if self.cluster_tol is not None else default_cluster_tol(beta)
         return {"tol": min(math.pi, tol), "delta": min(math.pi, self.delta_scale * scale),
                 "r": min(math.pi, self.r_scale * scale)}
 

@@ -24,6 +24,7 @@ from attnflow.analysis.clusters import (
     cluster_count,
     cluster_counts,
     clusters,
+    default_cluster_tol,
     spanning_tree,
 )
 from attnflow.analysis.parking import (
@@ -61,6 +62,7 @@ __all__ = [
     "classify_configuration",
     "cluster_count",
     "cluster_counts",
+    "default_cluster_tol",
     "clusters",
     "consumed_fraction",
     "distance_to_subspace",

@@ -24,11 +24,20 @@ from scipy.sparse.csgraph import connected_components
 from attnflow.analysis._input import radius, sphere_points
 from attnflow.sphere import geodesic_distance, normalize
 
-__all__ = ["Clusters", "clusters", "cluster_count", "cluster_counts", "spanning_tree"]
+__all__ = ["Clusters", "clusters", "cluster_count", "cluster_counts", "default_cluster_tol",
+           "spanning_tree"]
 
 # Configurations handled per vectorised Prim pass: keeps the (chunk, n, d) temporaries
 # around 2^22 floats (32 MiB).
 _CHUNK_FLOATS = 1 << 22
+
+
+
+def default_cluster_tol(beta: float) -> float:
+    """The package's default geodesic cluster tolerance (rad): beta^{-1/2} / 4, a quarter of
+    the distance at which attraction is strongest (SCIENCE.md §1: tau ~ beta^{-1/2}), capped
+    at pi; 1e-2 when beta = 0."""
+    return min(float(np.pi), 0.25 * beta ** -0.5) if beta > 0 else 1e-2
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from attnflow.cli import app
+from attnflow.kernels.masks import mask_from_text
 from attnflow.presets import SPEC_HELP, matrix_from_spec
 
 
@@ -24,18 +25,6 @@ class Method(str, Enum):
 class DType(str, Enum):
     float64 = "float64"
     float32 = "float32"
-
-
-def parse_mask(text: str):
-    """'causal' | 'full' | 'window:W' | FILE.npy (a boolean (n, n) array)."""
-    if text.startswith("window:"):
-        try:
-            return ("window", int(text.split(":", 1)[1]))
-        except ValueError:
-            raise typer.BadParameter(f"expected window:W with an integer W, got {text!r}") from None
-    if text.endswith(".npy"):
-        return np.load(text, allow_pickle=False)
-    return text
 
 
 def parse_times(text: str | None) -> np.ndarray | None:
@@ -98,7 +87,7 @@ def simulate(
     """
     from attnflow import Attention
     from attnflow import simulate as run
-    from attnflow.analysis import cluster_count
+    from attnflow.analysis import cluster_count, default_cluster_tol
     from attnflow.sphere import geodesic_distance, uniform
 
     if from_model is not None:
@@ -113,7 +102,7 @@ def simulate(
     try:
         matrices = {name: matrix_from_spec(spec, d, name, seed)
                     for name, spec in (("Q", Q), ("K", K), ("V", V))}
-        model = Attention(**matrices, beta=beta, mask=parse_mask(mask))
+        model = Attention(**matrices, beta=beta, mask=mask_from_text(mask))
         x0 = uniform((batch, n) if batch > 1 else n, d, seed).astype(dtype.value)
         start = time.perf_counter()
         traj = run(model, x0, t_end, save_at=parse_times(save_at), method=method.value,
@@ -123,7 +112,7 @@ def simulate(
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
     path = traj.save(out)
-    tol = cluster_tol if cluster_tol is not None else (beta ** -0.5 / 4 if beta > 0 else 1e-2)
+    tol = cluster_tol if cluster_tol is not None else default_cluster_tol(beta)
     counts = np.atleast_1d(cluster_count(traj.final, tol))
     drift = geodesic_distance(traj.final, x0[..., :1, :]).max()
     print(f"final time        {traj.times[-1]:g}")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import cluster_count
+from attnflow.analysis import cluster_count, default_cluster_tol
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
 from attnflow.model import Attention
 from attnflow.simulate import simulate
@@ -31,7 +31,7 @@ FULL_MINUTES = 30
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
     beta, n, runs = params["beta"], params["n"], params["runs"]
-    tol = beta ** -0.5 / 4
+    tol = default_cluster_tol(beta)
     times = np.concatenate([[0.0], np.geomspace(1.0, params["t_end"], params["n_times"] - 1)])
     x0 = uniform((runs, n), 2, np.random.default_rng(np.random.SeedSequence(seed)))
     counts, first = {}, {}

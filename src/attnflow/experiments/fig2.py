@@ -17,7 +17,13 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import cluster_count, clusters, renyi_centers, strong_renyi_centers
+from attnflow.analysis import (
+    cluster_count,
+    clusters,
+    default_cluster_tol,
+    renyi_centers,
+    strong_renyi_centers,
+)
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
 from attnflow.model import Attention
 from attnflow.plot import plot_circle
@@ -35,7 +41,7 @@ FULL_MINUTES = 20
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
     beta, n, runs = params["beta"], params["n"], params["runs"]
-    delta, tol = 4 * beta ** -0.5, beta ** -0.5 / 4
+    delta, tol = 4 * beta ** -0.5, default_cluster_tol(beta)
     snaps = np.asarray(params["snapshots"], dtype=float)
     x0 = uniform((runs, n), 2, np.random.default_rng(np.random.SeedSequence(seed)))
     traj = simulate(Attention(beta=beta), x0, params["t_end"], save_at=snaps,

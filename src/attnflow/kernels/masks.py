@@ -37,6 +37,25 @@ def check_mask(mask: Any) -> MaskSpec:
     raise fail("mask", "'causal', 'full', ('window', w) or a boolean (n, n) array", repr(mask))
 
 
+def mask_from_text(text: str, name: str = "mask") -> MaskSpec:
+    """The mask spec written as text: 'causal', 'full', 'window:W' or FILE.npy (a boolean
+    (n, n) array, loaded with allow_pickle=False). `name` is the argument named in errors."""
+    if text.startswith("window:"):
+        w = text.split(":", 1)[1]
+        if not w.isdigit() or int(w) < 1:
+            raise fail(name, "window:W with an integer W >= 1", repr(text))
+        return ("window", int(w))
+    if text.endswith(".npy"):
+        try:
+            return check_mask(np.load(text, allow_pickle=False))
+        except (OSError, ValueError) as err:
+            raise fail(name, "a readable .npy file of a boolean (n, n) array",
+                       f"{text!r} ({err})") from None
+    if text not in ("causal", "full"):
+        raise fail(name, "causal, full, window:W or FILE.npy", repr(text))
+    return text
+
+
 def mask_matrix(mask: MaskSpec, n: int) -> np.ndarray:
     """The boolean (n, n) matrix of a canonical mask spec; entry [k, j]: k attends to j."""
     if isinstance(mask, np.ndarray):
