@@ -23,7 +23,7 @@ from pathlib import Path
 
 import xarray as xr
 
-from attnflow.sweep import sweep
+from attnflow.sweeps import sweep
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ import attnflow
 from attnflow import sweep as sweep_fn
 from attnflow.analysis import cluster_count
 from attnflow.cli import app
-from attnflow.sweep import METRICS, load_spec, parse_spec, sweep_status
+from attnflow.sweeps import METRICS, load_spec, parse_spec, sweep_status
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -205,7 +205,7 @@ def test_a_failing_run_is_recorded_and_the_sweep_goes_on():
 def test_a_failing_run_does_not_take_its_batch_mates(monkeypatch):
     """A batch with one failing run is redone run by run: only that run fails, and the others
     equal a sweep without the failure."""
-    module = importlib.import_module("attnflow.sweep")  # attnflow.sweep is the function
+    module = importlib.import_module("attnflow.sweeps")
     real = module.simulate
     grid = {"beta": 2.0, "n": 6, "d": 2, "t_end": 1.0, "dt": 0.1, "seeds": 4}
     clean = sweep_fn(grid, scheduler="serial")
@@ -396,7 +396,7 @@ def test_local_cluster_workers_use_one_kernel_thread_each():
     65536 makes the kernels 1.8x slower, benchmarks/RESULTS.md)."""
     from distributed import Client
 
-    from attnflow.sweep import local_cluster
+    from attnflow.sweeps import local_cluster
 
     def environ() -> tuple[str | None, str | None]:
         return os.environ.get("ATTNFLOW_THREADS"), os.environ.get("MALLOC_TRIM_THRESHOLD_")

@@ -9,66 +9,55 @@ Karagodin, Polyanskiy & Rigollet, *Clustering in Causal Attention Masking* (Neur
     >>> traj = af.simulate(af.Attention(beta=64), x0, t_end=150)
 """
 
-from attnflow import analysis, pretrained, sphere
-from attnflow.analysis import (
-    RENYI_PARKING_CONSTANT,
-    Clusters,
-    classify_configuration,
-    cluster_count,
-    cluster_counts,
-    clusters,
-    consumed_fraction,
-    expected_renyi_centers_circle,
-    expected_strong_centers,
-    g,
-    h,
-    lemma51_bound,
-    predict_configuration,
-    remark_b2_conditions,
-    renyi_centers,
-    strong_renyi_centers,
-    tau_beta,
-    theorem52_conditions,
-    theorem52_max_N,
-    theorem52_min_beta,
-)
-from attnflow.integrate import NonFiniteStateError
-from attnflow.model import Attention
-from attnflow.simulate import simulate
-from attnflow.sweep import sweep
-from attnflow.trajectory import Trajectory, load
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Attention",
-    "Clusters",
-    "analysis",
-    "pretrained",
-    "classify_configuration",
-    "cluster_count",
-    "cluster_counts",
-    "clusters",
-    "consumed_fraction",
-    "predict_configuration",
-    "renyi_centers",
-    "strong_renyi_centers",
-    "RENYI_PARKING_CONSTANT",
-    "expected_renyi_centers_circle",
-    "expected_strong_centers",
-    "g",
-    "h",
-    "lemma51_bound",
-    "remark_b2_conditions",
-    "tau_beta",
-    "theorem52_conditions",
-    "theorem52_max_N",
-    "theorem52_min_beta",
-    "sweep",
-    "NonFiniteStateError",
-    "Trajectory",
-    "__version__",
-    "load",
-    "simulate",
-    "sphere",
-]
+# Public name -> the module that defines it. Loaded on first use, so `import attnflow` stays
+# fast (scipy.stats, xarray, zarr, dask and matplotlib load only when needed).
+_ANALYSIS = (
+    "RENYI_PARKING_CONSTANT", "Clusters", "classify_configuration", "cluster_count",
+    "cluster_counts", "clusters", "consumed_fraction", "default_cluster_tol",
+    "expected_renyi_centers_circle", "expected_strong_centers", "g", "h", "lemma51_bound",
+    "predict_configuration", "remark_b2_conditions", "renyi_centers", "strong_renyi_centers",
+    "tau_beta", "theorem52_conditions", "theorem52_max_N", "theorem52_min_beta",
+)
+_EXPORTS: dict[str, str] = {
+    **{name: "attnflow.analysis" for name in _ANALYSIS},
+    "sweep": "attnflow.sweeps",
+}
+_SUBMODULES = ("analysis", "kernels", "plot", "pretrained", "sphere", "sweeps")
+
+# The core is imported eagerly (numpy only). `simulate` must be: the submodule of the same name
+# would otherwise shadow the function once anything imports it.
+from attnflow.integrate import NonFiniteStateError  # noqa: E402
+from attnflow.model import Attention  # noqa: E402
+from attnflow.simulate import simulate  # noqa: E402
+from attnflow.trajectory import Trajectory, load  # noqa: E402
+
+__all__ = ["__version__", "Attention", "NonFiniteStateError", "Trajectory", "load", "simulate",
+           *sorted(_EXPORTS), *_SUBMODULES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"attnflow.{name}")
+    else:
+        raise AttributeError(f"module 'attnflow' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from attnflow import analysis, kernels, plot, pretrained, sphere, sweeps  # noqa: F401
+    from attnflow.analysis import *  # noqa: F403
+    from attnflow.sweeps import sweep  # noqa: F401

@@ -12,13 +12,15 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 
 from attnflow._checks import fail
 from attnflow.model import Attention
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 __all__ = ["Trajectory", "load"]
 
@@ -85,6 +87,8 @@ class Trajectory:
         """A Dataset with `states` on dims (time, run, token, coord) (runs flattened; the
         batch shape is kept in the attributes), the model's matrices and memory as variables,
         and the full record as a JSON attribute ``attnflow``."""
+        import xarray as xr
+
         T, n, d = len(self.times), self.n, self.d
         runs = int(np.prod(self.batch_shape, dtype=int))
         data = {"states": (("time", "run", "token", "coord"), self.states.reshape(T, runs, n, d))}
@@ -132,6 +136,8 @@ def load(path: str | os.PathLike) -> Trajectory:
         raise fail("path", f"a file name ending in one of {sorted(FORMATS)}", str(path))
     if not path.exists():
         raise FileNotFoundError(f"path: no trajectory at {path}")
+    import xarray as xr
+
     if kind == "netcdf":
         with xr.open_dataset(path, engine="h5netcdf") as ds:
             ds = ds.load()

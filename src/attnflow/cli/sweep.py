@@ -13,7 +13,7 @@ from attnflow.cli import app
 
 @app.command()
 def sweep(
-    spec: Path = typer.Argument(..., help="The sweep spec (TOML; see `attnflow.sweep`)."),
+    spec: Path = typer.Argument(..., help="The sweep spec (TOML; see `attnflow.sweeps`)."),
     scheduler: str = typer.Option(
         None, help="Address of a running Dask scheduler, e.g. tcp://10.0.0.5:8786, or 'serial' "
         "for this process without Dask (default: a local cluster on 127.0.0.1)."),
@@ -29,8 +29,8 @@ def sweep(
 
     Rerunning the same command resumes: finished runs are skipped, the rest computed.
     """
-    from attnflow.sweep import SweepIncompleteError, load_spec, sweep_status
-    from attnflow.sweep import sweep as run
+    from attnflow.sweeps import SweepIncompleteError, load_spec, sweep_status
+    from attnflow.sweeps import sweep as run
 
     console = Console(stderr=True)
     out = out if out is not None else spec.with_suffix(".zarr")
