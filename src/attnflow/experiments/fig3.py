@@ -3,53 +3,54 @@
 SCIENCE.md §4-5. n = 200, d = 2, Q = K = V = I, beta = 64, delta = 4 beta^{-1/2}. Centers are
 chosen at t = 0 and followed by index; a token is consumed at time t when it lies within
 geodesic radius r (default beta^{-1/2}) of some center's current position. Mean and 10th /
-90th percentiles over many runs.
+90th percentiles over many runs. The ensemble runs through `attnflow.sweep` (in this process
+by default; ``scheduler`` may name a Dask cluster) into a resumable store.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import consumed_fraction, renyi_centers, strong_renyi_centers
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
-from attnflow.model import Attention
-from attnflow.simulate import simulate
-from attnflow.sphere import uniform
+from attnflow.sweeps import sweep
 
 NAME = "fig3"
 TITLE = "Fig. 3: fraction of tokens consumed by Rényi and strong Rényi centers"
 QUICK: dict[str, Any] = {"n": 200, "beta": 64.0, "runs": 200, "chunk": 100, "t_end": 150.0,
-                         "n_times": 61, "method": "rk4", "dt": 0.05, "r": None}
+                         "n_times": 61, "method": "rk4", "dt": 0.05, "r": None,
+                         "scheduler": "serial"}
 FULL: dict[str, Any] = {**QUICK, "runs": 5000, "chunk": 250}
 FULL_MINUTES = 25
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
-    beta, n, runs, chunk = params["beta"], params["n"], params["runs"], params["chunk"]
+    beta, n, runs = params["beta"], params["n"], params["runs"]
     delta = 4 * beta ** -0.5
     r = params["r"] if params["r"] is not None else beta ** -0.5
-    times = np.linspace(0, params["t_end"], params["n_times"])
-    model = Attention(beta=beta)
-    streams = np.random.SeedSequence(seed).spawn(-(-runs // chunk))
-    renyi, strong, n_renyi, n_strong = [], [], [], []
-    for c, stream in enumerate(streams):
-        size = min(chunk, runs - c * chunk)
-        x0 = uniform((size, n), 2, np.random.default_rng(stream))
-        traj = simulate(model, x0, params["t_end"], save_at=times, method=params["method"],
-                        dt=params["dt"])
-        for b in range(size):
-            S = traj.states[:, b]
-            centers = renyi_centers(S[0], delta), strong_renyi_centers(S[0], delta)
-            renyi.append(consumed_fraction(S, centers[0], r))
-            strong.append(consumed_fraction(S, centers[1], r))
-            n_renyi.append(len(centers[0]))
-            n_strong.append(len(centers[1]))
-        progress((c + 1) / len(streams))
-    renyi, strong = np.array(renyi), np.array(strong)  # (runs, T)
+    grid = {"beta": beta, "n": n, "d": 2, "method": params["method"], "dt": params["dt"],
+            "t_end": params["t_end"], "save_at": params["n_times"], "seeds": runs}
+    keep = {"metrics": ["consumed_renyi", "consumed_strong", "renyi_count",
+                        "strong_renyi_count"], "delta_scale": 4.0, "r_scale": r * beta ** 0.5}
+    # The ensemble goes through the sweep machinery into a store beside the report, so an
+    # interrupted (long, --full) run resumes where it stopped; the store is removed at the end.
+    store = out.parent / ".cache" / f"fig3-seed{seed}-{_digest(grid, keep, params)}.zarr"
+    store.parent.mkdir(exist_ok=True)
+    ds = sweep(grid, keep, batch=params["chunk"], entropy=seed, out=store,
+               scheduler=params["scheduler"],
+               progress=lambda done, total: progress(done / total)).load()
+    times = ds["time"].values
+    ok = ds["status"].values == 1  # failed runs (non-finite states) are left out and counted
+    renyi, strong = ds["consumed_renyi"].values[ok], ds["consumed_strong"].values[ok]  # (runs, T)
+    n_renyi, n_strong = ds["renyi_count"].values[ok, 0], ds["strong_renyi_count"].values[ok, 0]
+    runs = int(ok.sum())
     stats = {kind: {"mean": v.mean(0), "p10": np.percentile(v, 10, 0),
                     "p90": np.percentile(v, 90, 0), "se": v.std(0, ddof=1) / np.sqrt(runs)}
              for kind, v in (("renyi", renyi), ("strong", strong))}
@@ -82,7 +83,11 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
               why=f"by t = 10 the Rényi centers hold {early:.0%} of the tokens and the curve "
               "then plateaus; measured in aggregate over centers, not per center"),
     ]
-    numbers = {"times": times, "renyi": stats["renyi"], "strong": stats["strong"],
+    shutil.rmtree(store, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        store.parent.rmdir()  # only when no other ensemble is cached there
+    numbers = {"failed_runs": int((~ok).sum()), "times": times, "renyi": stats["renyi"],
+               "strong": stats["strong"],
                "at_times": at, "centers_per_run": {"renyi_mean": float(np.mean(n_renyi)),
                                                    "strong_mean": float(np.mean(n_strong))},
                "delta": delta, "r": r}
@@ -91,6 +96,11 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
              f"Mean number of centers per run: Rényi {np.mean(n_renyi):.2f}, strong "
              f"{np.mean(n_strong):.2f}."]
     return Output(numbers, claims, figures, notes)
+
+
+def _digest(*parts: Any) -> str:
+    """A short hash of the parameters that define the ensemble's store."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def _figure(times, stats, params, delta, r) -> Figure:
