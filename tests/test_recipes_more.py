@@ -88,3 +88,20 @@ def test_scaling_counts_and_slopes(tmp_path):
     counts = [row["clusters_at_times"][-1] for row in res["numbers"]["per_beta"]]
     assert counts == sorted(counts)  # more clusters at larger beta
     assert len(res["claims"]) == 3
+
+
+def test_frozen_centers_capture_tokens(tmp_path):
+    res = _run("frozen", tmp_path, N_ref=60, fractions=[1.0], past=[2.0], max_moving=40,
+               runs=2, t_end=100.0, n_saves=20)
+    rows = res["numbers"]["settings"]
+    assert [(r["form"], r["f"]) for r in rows] == [("remark", 1.0), ("remark", 2.0),
+                                                   ("exact", 1.0), ("exact", 2.0)]
+    for r in rows:
+        assert r["N"] == pytest.approx(r["n"] + r["m"] * r["weight"])
+        assert r["weight"] >= 1 and r["n"] <= 40
+        # the form it was built for holds up to the bound and fails past it
+        assert r[f"{r['form']}_holds"] == (r["f"] <= 1)
+        assert r["final_fraction_min"] == 1.0  # every token ends at a frozen center
+    assert rows[0]["beta"] == pytest.approx(14.045) and rows[0]["m"] == 3
+    verdicts = [c["verdict"] for c in res["claims"]]
+    assert verdicts == ["reproduced"] * 4
