@@ -270,7 +270,8 @@ def _qk_claim(records: list[dict[str, Any]], params: dict[str, Any]) -> Claim:
         paper="conjecture: the spectrum of V, not Q, K or beta, decides the final configuration",
         measured="fraction as predicted (incl. meta-stable), " + "; ".join(
             f"{row}: " + ", ".join(f"{qk} {v:.0%}" for qk, v in rates[row].items())
-            for row in SPECTRA),
+            for row in SPECTRA) + f" (random Q, K: one draw per eigenbasis, "
+        f"{len(params['bases'])} per row, {params['seeds']} initial configurations each)",
         verdict=verdict(not differ, partly=len(differ) < len(SPECTRA)),
         why="Q, K change the fraction by at most 20 points in every row" if not differ else
         f"Q, K matter in rows {', '.join(differ)}: with random Q, K the tokens end elsewhere",
