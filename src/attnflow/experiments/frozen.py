@@ -46,8 +46,8 @@ QUICK: dict[str, Any] = {"c": 6.5, "eps": 0.1, "N_ref": 230, "fractions": [0.25,
                          "past": [2.0], "max_moving": 460, "runs": 4, "t_end": 500.0,
                          "n_saves": 60, "rtol": 1e-6}
 FULL: dict[str, Any] = {**QUICK, "N_ref": 683, "fractions": [0.1, 0.25, 0.5, 1.0],
-                        "past": [2.0, 4.0], "max_moving": 1400, "runs": 8, "t_end": 2000.0}
-FULL_MINUTES = 25
+                        "past": [2.0, 4.0], "max_moving": 1000, "runs": 8, "t_end": 2000.0}
+FULL_MINUTES = 20
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:

@@ -34,7 +34,7 @@ TITLE = "Lemma 5.1: strong Rényi centers barely move (drift against the bound)"
 QUICK: dict[str, Any] = {"n": 200, "beta": 64.0, "runs": 64, "chunk": 64, "t_end": 300.0,
                          "eps": 0.1, "n_saves": 200, "rtol": 1e-6}
 FULL: dict[str, Any] = {**QUICK, "runs": 512, "t_end": 3000.0, "n_saves": 300}
-FULL_MINUTES = 20
+FULL_MINUTES = 6
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:

@@ -37,10 +37,10 @@ QUICK: dict[str, Any] = {"d": [2, 3], "n": [200, 400], "runs": [32, 16],
                          "t_star": 100.0, "times": [10.0, 30.0, 100.0], "fit_min_beta": 16,
                          "rtol": 1e-5, "bootstrap": 400, "slope_tol": 0.1,
                          "long_tokens": 6400, "long_draws": 40}
-FULL: dict[str, Any] = {**QUICK, "n": [400, 800], "runs": [128, 64],
+FULL: dict[str, Any] = {**QUICK, "n": [400, 800], "runs": [128, 32],
                         "betas": [[4, 8, 16, 32, 64, 128, 256]] * 2,
                         "times": [10.0, 30.0, 100.0, 300.0]}
-FULL_MINUTES = 30
+FULL_MINUTES = 20
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
