@@ -17,7 +17,7 @@ MODEL = af.Attention(beta=1.0)
     ({"Q": np.ones((3, 2))}, r"Q: expected a \(3, 3\) matrix, received an array of shape \(3, 2\)"),
     ({"K": [[np.nan, 0], [0, 1]]}, r"K: expected finite entries, received 1 non-finite"),
     ({"beta": -1.0}, r"beta: expected a finite number >= 0, received -1.0"),
-    ({"beta": "hot"}, r"beta: expected a number >= 0, received 'hot'"),
+    ({"beta": "hot"}, r"beta: expected a finite number >= 0, received 'hot'"),
     ({"mask": "diagonal"}, r"mask: expected 'causal', 'full', \('window', w\)"),
     ({"mask": ("window", 0)}, r"mask: expected a window width w >= 1"),
     ({"mask": np.ones((3, 4), bool)}, r"mask: expected a boolean \(n, n\) array"),

@@ -60,23 +60,26 @@ def square_matrix(name: str, a: Any, d: int | None = None) -> np.ndarray:
     return arr
 
 
-def nonnegative(name: str, value: Any) -> float:
-    """A finite float >= 0."""
+def number(name: str, value: Any, low: float = -np.inf, high: float = np.inf,
+           low_open: bool = False, expected: str | None = None) -> float:
+    """A finite float in [low, high] (or (low, high] when low_open); `expected` words the
+    error (default "a finite number >= low" or "> low")."""
+    if expected is None:
+        expected = f"a finite number {'>' if low_open else '>='} {low:g}"
     try:
         v = float(value)
     except (TypeError, ValueError) as err:
-        raise fail(name, "a number >= 0", repr(value)) from err
-    if not np.isfinite(v) or v < 0:
-        raise fail(name, "a finite number >= 0", repr(value))
+        raise fail(name, expected, repr(value)) from err
+    if not np.isfinite(v) or v < low or (low_open and v == low) or v > high:
+        raise fail(name, expected, repr(value))
     return v
+
+
+def nonnegative(name: str, value: Any) -> float:
+    """A finite float >= 0."""
+    return number(name, value, 0.0)
 
 
 def positive(name: str, value: Any) -> float:
     """A finite float > 0."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as err:
-        raise fail(name, "a number > 0", repr(value)) from err
-    if not np.isfinite(v) or v <= 0:
-        raise fail(name, "a finite number > 0", repr(value))
-    return v
+    return number(name, value, 0.0, low_open=True)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._checks import describe, fail, finite_array
+from attnflow._checks import describe, fail, finite_array, number
 
 # Analysis accepts tokens whose norms are off 1 by at most this much (integrators that do
 # not renormalise drift slowly); anything further is a caller's mistake.
@@ -28,10 +28,4 @@ def sphere_points(name: str, X: Any, ndim: int | None = None, min_ndim: int = 2)
 
 def radius(name: str, value: Any) -> float:
     """A geodesic radius in [0, pi] (radians)."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as err:
-        raise fail(name, "a geodesic radius in [0, pi]", repr(value)) from err
-    if not (0.0 <= v <= np.pi):
-        raise fail(name, "a geodesic radius in [0, pi]", repr(value))
-    return v
+    return number(name, value, 0.0, np.pi, expected="a geodesic radius in [0, pi]")
