@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from scipy.stats import norm
 
 from attnflow.analysis import (
     RENYI_PARKING_CONSTANT,
@@ -44,8 +45,14 @@ FULL_MINUTES = 12
 
 # e^{-2 gamma}: the constant of the 1/t approach to jamming in one dimension.
 _JAMMING_RATE = float(np.exp(-2 * np.euler_gamma))
-# A Monte Carlo mean agrees with an exact value when they differ by at most Z standard errors.
-_Z = 3.0
+# A family of k Monte Carlo means agrees with exact values when each differs by at most
+# z_k standard errors, z_k chosen so that the family fails by chance with probability 1 %
+# (Bonferroni): 2.58 for one comparison, 2.94 for 3, 3.23 for 8.
+_FAMILY_ERROR = 0.01
+
+
+def _z_crit(k: int) -> float:
+    return float(norm.isf(_FAMILY_ERROR / (2 * max(k, 1))))
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
@@ -91,7 +98,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
     claims.append(_renyi_claim(renyi, renyi_runs))
     numbers = {"strong": strong, "renyi_circle": renyi,
                "renyi_parking_constant": RENYI_PARKING_CONSTANT,
-               "agreement_z": _Z}
+               "family_error_rate": _FAMILY_ERROR}
     notes = [
         "Tokens i.i.d. uniform; distances geodesic; delta in radians. Strong centers: "
         f"{runs} draws of n tokens per (d, n, delta), against the exact finite-n expectation "
@@ -101,7 +108,10 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
         f"K = {params['jamming_k']:g}, so that the circle is jammed up to a few thousandths of "
         "a center (asymptotic shortfall e^(-2 gamma) / K; module docstring). n per delta: "
         + ", ".join(f"{r['delta']:g}: {r['n']}" for r in renyi) + ".",
-        f"'Agrees' means within {_Z:g} standard errors of the Monte Carlo mean.",
+        "'Agrees': each of a claim's k Monte Carlo means within z_k standard errors of the "
+        f"exact value, z_k such that k true comparisons all pass with probability "
+        f"{1 - _FAMILY_ERROR:.0%} (Bonferroni; z = {_z_crit(1):.2f} for k = 1, "
+        f"{_z_crit(8):.2f} for k = 8).",
     ]
     return Output(numbers, claims, figures, notes)
 
@@ -119,8 +129,8 @@ def _strong_counts(d: int, n: int, delta: float, runs: int, rng: np.random.Gener
 
 def _strong_claim(rows: list[dict[str, Any]], d: int, runs: int) -> Claim:
     mine = [r for r in rows if r["d"] == d]
-    worst = max(abs(r["z"]) for r in mine)
-    ok = worst <= _Z
+    worst, z = max(abs(r["z"]) for r in mine), _z_crit(len(mine))
+    ok = worst <= z
     law = "pi / delta" if d == 2 else "1 / sin^2(delta/2)" if d == 3 else "1 / p_d(delta)"
     where = "the circle" if d == 2 else f"S^{d - 1}"
     return Claim(
@@ -129,19 +139,27 @@ def _strong_claim(rows: list[dict[str, Any]], d: int, runs: int) -> Claim:
         measured="; ".join(f"n={r['n']}, delta={r['delta']:g}: {r['mc_mean']:.3f} ± "
                            f"{r['mc_se']:.3f} vs exact {r['exact_E_n']:.3f} (z = {r['z']:+.1f})"
                            for r in mine) + f" ({runs} draws each)",
-        verdict=verdict(ok, partly=worst <= 2 * _Z),
-        why=f"every Monte Carlo mean within {worst:.1f} standard errors of the exact value"
-        if ok else f"a mean is {worst:.1f} standard errors off the exact value",
+        verdict=verdict(ok, partly=worst <= 2 * z),
+        why=f"every Monte Carlo mean within {worst:.1f} standard errors of the exact value "
+        f"(criterion {z:.2f} for {len(mine)} comparisons)"
+        if ok else f"a mean is {worst:.1f} standard errors off the exact value (criterion "
+        f"{z:.2f})",
     )
 
 
 def _printed_claim(rows: list[dict[str, Any]]) -> Claim:
-    big = max(rows, key=lambda r: r["n"] * r["delta"])  # the one closest to the n = inf limit
-    ratios = [r["mc_mean"] / r["printed_paper_E_inf"] for r in rows]
+    # The printed formula is for n = inf: compare where n tokens nearly reach that limit.
+    near = [r for r in rows if r["exact_E_n"] >= 0.99 * r["E_inf"]] or \
+        [max(rows, key=lambda r: r["exact_E_n"] / r["E_inf"])]
+    big = max(near, key=lambda r: r["mc_mean"])
+    ratios = [r["mc_mean"] / r["printed_paper_E_inf"] for r in near]
     return Claim(
         claim="The printed S^2 formula E_inf = (3 sin^2(delta/2))^{-1} (Lemma C.1)",
         paper="(3 sin^2(delta/2))^{-1} as printed; SCIENCE.md flags the 3 as a typo",
-        measured=f"Monte Carlo / printed formula = {min(ratios):.2f} to {max(ratios):.2f}; "
+        measured=f"Monte Carlo / printed formula = {min(ratios):.2f}"
+        + (f" to {max(ratios):.2f}" if f"{min(ratios):.2f}" != f"{max(ratios):.2f}" else "")
+        + " "
+        f"where E_n is within 1 % of E_inf ({len(near)} settings); "
         f"at n={big['n']}, delta={big['delta']:g}: {big['mc_mean']:.3f} vs printed "
         f"{big['printed_paper_E_inf']:.3f}, corrected 1/sin^2(delta/2) = {big['E_inf']:.3f}",
         verdict=verdict(False),
@@ -153,8 +171,8 @@ def _printed_claim(rows: list[dict[str, Any]]) -> Claim:
 
 
 def _renyi_claim(rows: list[dict[str, Any]], runs: int) -> Claim:
-    worst = max(abs(r["z"]) for r in rows)
-    ok = worst <= _Z
+    worst, z = max(abs(r["z"]) for r in rows), _z_crit(len(rows))
+    ok = worst <= z
     gap = max(abs(r["jammed"] - r["c_R_times_2pi_over_delta"]) for r in rows)
     return Claim(
         claim="Rényi centers on the circle -> c_R 2 pi / delta, c_R = 0.7476 (Rényi parking)",
@@ -163,9 +181,10 @@ def _renyi_claim(rows: list[dict[str, Any]], runs: int) -> Claim:
                            f"{r['jammed']:.3f} (count delta / 2pi = {r['density']:.4f} ± "
                            f"{r['density_se']:.4f}, z = {r['z']:+.1f})" for r in rows)
         + f" ({runs} draws each, n up to {max(r['n'] for r in rows)} tokens)",
-        verdict=verdict(ok, partly=worst <= 2 * _Z),
-        why=f"every mean within {worst:.1f} standard errors of the jammed count "
-        f"1 + M(2 pi/delta - 1), which differs from c_R 2 pi / delta by at most {gap:.1e} here"
+        verdict=verdict(ok, partly=worst <= 2 * z),
+        why=f"every mean within {worst:.1f} standard errors (criterion {z:.2f}) of the jammed "
+        f"count 1 + M(2 pi/delta - 1), which differs from c_R 2 pi / delta by at most "
+        f"{gap:.1e} here"
         if ok else f"a mean is {worst:.1f} standard errors off the jammed count",
     )
 
