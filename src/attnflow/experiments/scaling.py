@@ -1,7 +1,8 @@
 """How many meta-stable clusters: the count at a fixed time against beta, beside Rényi counts.
 
 SCIENCE.md §2-3. Causal attention with Q = K = V = I on S^{d-1}, d = 2 and 3, n tokens uniform,
-beta from 4 to 256. The number of clusters (single linkage at beta^{-1/2} / 4, as in fig2) at
+beta from 4 to 256. The number of clusters (single linkage at `default_cluster_tol`(beta) =
+beta^{-1/2} / 4, as in fig2) at
 a fixed intermediate time t* is fitted against beta on log-log axes (beta >= `fit_min_beta`,
 where the count is well above 1) and its slope compared with (d - 1) / 2, the growth of the
 Rényi center counts with delta = 4 beta^{-1/2}. Those counts are drawn on the same axes: strong
@@ -21,6 +22,7 @@ from matplotlib.figure import Figure
 
 from attnflow.analysis import (
     cluster_count,
+    default_cluster_tol,
     expected_strong_centers,
     renyi_centers,
     strong_renyi_centers,
@@ -60,7 +62,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
                         save_at=times, method="dopri5", rtol=params["rtol"],
                         atol=params["rtol"] * 1e-3)
         delta = 4 * beta ** -0.5
-        counts = cluster_count(traj.states, beta ** -0.5 / 4)  # (T, runs)
+        counts = cluster_count(traj.states, default_cluster_tol(beta))  # (T, runs)
         table.append({
             "d": d, "n": n, "beta": beta, "runs": runs, "delta": delta,
             "clusters": counts, "clusters_mean": counts.mean(axis=1),
