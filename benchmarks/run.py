@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> str:
         if args.quick:
             table = w3(2.0, [0.5], [1e-6], rows)
         else:
-            table = w3(1e4, [0.4, 0.2, 0.1], [1e-6, 1e-7, 1e-8, 1e-9], rows)
+            table = w3(1e4, [1.6, 0.8, 0.4, 0.2], [1e-6, 1e-7, 1e-8, 1e-9], rows)
     command = "python benchmarks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = markdown(rows, table, command.strip(), time.perf_counter() - start)
     if args.results:
