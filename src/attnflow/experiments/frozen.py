@@ -208,7 +208,7 @@ def _weights_caveat(rows: list[dict[str, Any]]) -> str:
         return "; where neither holds, N is all moving tokens besides centers of weight 1"
     if any(r["weight"] > 1 for r in beyond):
         return ("; past the exact bound part of N sits in the center weights (heavier centers "
-                "pull harder): more moving tokens with --full or a larger max_moving")
+                "pull harder); a larger max_moving puts more of N in moving tokens")
     return ""
 
 
