@@ -181,7 +181,6 @@ class Attention:
             "backend": self.backend,
             "n_heads": len(self.heads),
             "identity": identity,
-            "multihead": len(self.heads) > 1,
         }
         return meta, arrays
 
@@ -197,7 +196,7 @@ class Attention:
             memory = (arrays["memory_points"], arrays["memory_weights"])
         kwargs = dict(beta=meta["beta"], mask=mask_from_record(meta["mask"]),
                       memory=memory, combine=meta["combine"], backend=meta["backend"])
-        if meta["multihead"]:
+        if meta["n_heads"] > 1:
             return cls(heads=heads, **kwargs)
         Q, K, V = heads[0]
         return cls(Q, K, V, **kwargs)
