@@ -33,6 +33,16 @@ def test_simulate_end_to_end(tmp_path):
     assert np.array_equal(traj.states[0], af.sphere.uniform((3, 12), 3, 5))
 
 
+def test_simulate_with_an_implicit_method_records_its_jacobians(tmp_path):
+    out = tmp_path / "run.nc"
+    res = attnflow("simulate", "--n", "10", "--beta", "9", "--t-end", "200", "--method",
+                   "bdf", "--rtol", "1e-8", "--no-progress", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    traj = af.load(out)
+    assert traj.integrator["method"] == "bdf" and traj.integrator["n_jacobians"] >= 1
+    np.testing.assert_allclose(np.linalg.norm(traj.states, axis=-1), 1.0, atol=1e-12)
+
+
 def test_simulate_reports_bad_input_clearly(tmp_path):
     res = attnflow("simulate", "--n", "4", "--V", "diag:1,2,3", "--out",
                    str(tmp_path / "x.nc"))

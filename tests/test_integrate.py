@@ -22,7 +22,7 @@ def small_problem(seed=0, n=16, d=3, beta=4.0, mask="causal", V="random"):
 
 
 def kwargs_for(method):
-    return {"rtol": 1e-8, "atol": 1e-10} if method == "dopri5" else {"dt": 0.05}
+    return {"dt": 0.05} if method in FIXED else {"rtol": 1e-8, "atol": 1e-10}
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -70,7 +70,10 @@ def accuracy_case():
 
 
 @pytest.mark.parametrize("method,opts", [("rk4", {"dt": 0.02}), ("geodesic", {"dt": 0.02}),
-                                         ("dopri5", {"rtol": 1e-9, "atol": 1e-11})])
+                                         ("dopri5", {"rtol": 1e-9, "atol": 1e-11}),
+                                         ("bdf", {"rtol": 1e-10, "atol": 1e-12}),
+                                         ("radau", {"rtol": 1e-9, "atol": 1e-11}),
+                                         ("lsoda", {"rtol": 1e-10, "atol": 1e-12})])
 def test_agrees_with_scipy_dop853(accuracy_case, method, opts):
     model, x0, ref = accuracy_case
     got = af.simulate(model, x0, 10.0, save_at=[10.0], method=method, **opts).final
@@ -87,16 +90,17 @@ def test_order_of_convergence(accuracy_case, method, order, dt):
     assert 2 ** order * 0.8 < ratio < 2 ** order * 1.25, (errors, ratio)
 
 
-def test_dopri5_dense_output_matches_reference_at_save_times(accuracy_case):
+@pytest.mark.parametrize("method", ["dopri5", "bdf", "radau"])
+def test_dense_output_matches_reference_at_save_times(accuracy_case, method):
     model, x0, _ = accuracy_case
     save = np.linspace(0, 3, 31)
-    traj = af.simulate(model, x0, 3.0, save_at=save, method="dopri5", rtol=1e-9, atol=1e-11)
+    traj = af.simulate(model, x0, 3.0, save_at=save, method=method, rtol=1e-9, atol=1e-11)
     sol = solve_ivp(lambda t, y: model.field(y.reshape(x0.shape)).ravel(), (0, 3), x0.ravel(),
                     method="DOP853", rtol=1e-11, atol=1e-13, t_eval=save)
     ref = sol.y.T.reshape(len(save), *x0.shape)
     assert np.max(np.abs(traj.states - ref)) < 1e-7
     # Dense output: save times do not force extra steps.
-    alone = af.simulate(model, x0, 3.0, save_at=[3.0], method="dopri5", rtol=1e-9, atol=1e-11)
+    alone = af.simulate(model, x0, 3.0, save_at=[3.0], method=method, rtol=1e-9, atol=1e-11)
     assert traj.integrator["n_steps"] == alone.integrator["n_steps"]
 
 
@@ -150,3 +154,26 @@ def test_nonfinite_state_stops_with_time_and_run():
     x0 = uniform((3, 5), 2, 0)
     with pytest.raises(af.NonFiniteStateError, match=r"t = 0\.1 in 1 run.*\(1,\)"):
         af.simulate(Exploding(beta=1.0), x0, 1.0, save_at=[1.0], method="rk4", dt=0.1)
+
+
+def test_implicit_methods_solve_each_run_on_its_own():
+    model, _ = small_problem()
+    x0 = uniform((3, 16), 3, 5)
+    batch = af.simulate(model, x0, 4.0, save_at=[1.0, 4.0], method="bdf", rtol=1e-8)
+    for r in range(3):
+        alone = af.simulate(model, x0[r], 4.0, save_at=[1.0, 4.0], method="bdf", rtol=1e-8)
+        assert np.array_equal(batch.states[:, r], alone.states)
+    assert batch.integrator["n_jacobians"] >= 1
+
+
+def test_implicit_method_reports_the_failing_run():
+    class Exploding(af.Attention):
+        def tangent_field(self, X):
+            F = super().tangent_field(X)
+            if np.array_equal(X, Y0[1]):
+                F[:] = np.nan  # run 1 blows up at once
+            return F
+
+    Y0 = uniform((2, 5), 2, 0)
+    with pytest.raises(FloatingPointError, match=r"bdf: .*run \(1,\)"):
+        af.simulate(Exploding(beta=1.0), Y0, 1.0, method="bdf")

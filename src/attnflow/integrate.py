@@ -16,6 +16,9 @@ F(X) tangent to the sphere at each row. Methods (``method=``):
 * ``"dopri5"``: the adaptive Dormand-Prince 5(4) pair with error control (rtol, atol),
   renormalisation after each accepted step, and its 4th-order dense output (renormalised)
   at the requested save times. One step size for the whole batch.
+* ``"bdf"``, ``"radau"``, ``"lsoda"``: scipy's implicit (stiff) solvers, run by run, with the
+  field's exact Jacobian when one is given (`attnflow.implicit`): for long horizons, where
+  the contraction inside clusters limits every explicit method's step.
 
 Fixed-step methods divide each interval between consecutive save times into equal steps of
 size at most dt (exactly dt when the interval is a multiple of dt).
@@ -31,12 +34,13 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import describe, fail, finite_array, nonnegative, positive
+from attnflow.implicit import IMPLICIT, solve_implicit
 from attnflow.sphere import normalize, project
 
 Field = Callable[[np.ndarray], np.ndarray]
 Progress = Callable[[float], None]
 
-METHODS = ("euler", "rk4", "geodesic", "dopri5")
+METHODS = ("euler", "rk4", "geodesic", "dopri5", *IMPLICIT)
 FIXED_STEP = ("euler", "rk4", "geodesic")
 DEFAULT_DT = 0.05
 DEFAULT_RTOL = 1e-6
@@ -65,6 +69,7 @@ class Solution:
     n_evals: int
     n_steps: int
     n_rejected: int
+    n_jacobians: int = 0
 
 
 # ---------------------------------------------------------------------------- fixed steps
@@ -262,26 +267,35 @@ def integrate(
     atol: float | None = None,
     progress: Progress | None = None,
     drift: Field | None = None,
+    jacobian: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> Solution:
     """Advance x0 (..., n, d) from t = 0 under `field`; return the states at `times`
     (strictly increasing, >= 0). See the module docstring for the methods; `drift` is the
-    ambient drift used by "euler" (default: the field itself)."""
+    ambient drift used by "euler" (default: the field itself); `jacobian` maps one run's
+    state (n, d) to dF/dx (n, d, n, d) for the implicit methods (default: finite differences).
+    For the implicit methods, which solve run by run, the counts are averages per run."""
     keep_start = times[0] == 0.0
     if not keep_start:
         times = np.concatenate([[0.0], times])
     if method == "euler" and drift is not None:
         field = drift
-    sol = _solve(field, x0, times, method, dt, rtol, atol, progress)
+    sol = _solve(field, x0, times, method, dt, rtol, atol, progress, jacobian)
     if not keep_start:
         sol.times, sol.states = sol.times[1:], sol.states[1:]
     return sol
 
 
-def _solve(field, x0, times, method, dt, rtol, atol, progress) -> Solution:
+def _solve(field, x0, times, method, dt, rtol, atol, progress, jacobian) -> Solution:
     if method in FIXED_STEP:
         return _fixed(field, x0, times, DEFAULT_DT if dt is None else dt, method, progress)
-    return _dopri5(field, x0, times, dt, DEFAULT_RTOL if rtol is None else rtol,
-                   DEFAULT_ATOL if atol is None else atol, progress)
+    rtol = DEFAULT_RTOL if rtol is None else rtol
+    atol = DEFAULT_ATOL if atol is None else atol
+    if method in IMPLICIT:
+        states, work = solve_implicit(field, jacobian, x0, times, method, dt, rtol, atol,
+                                      progress)
+        return Solution(np.asarray(times), states, work["n_evals"], work["n_steps"], 0,
+                        work["n_jacobians"])
+    return _dopri5(field, x0, times, dt, rtol, atol, progress)
 
 
 def check_solver_args(

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import describe, fail, finite_array, nonnegative, square_matrix
+from attnflow.jacobian import head_jacobian, tangent_jacobian
 from attnflow.kernels import Memory, get_kernel
 from attnflow.kernels.dense import attention_weights
 from attnflow.kernels.masks import (
@@ -151,6 +152,18 @@ class Attention:
     def tangent_field(self, X: np.ndarray) -> np.ndarray:
         """`field` without the input checks: the integrators' hot path."""
         return project(X, self.attention_output(X))
+
+    def jacobian(self, X: Any) -> np.ndarray:
+        """The exact Jacobian of `field` at X (..., n, d): shape (..., n, d, n, d), with
+        [..., i, :, k, :] = dF_i/dx_k (`attnflow.jacobian`; dense, for the implicit methods)."""
+        X = self.check_tokens(X)
+        a = Da = None
+        for Q, K, V in self.heads:
+            a_h, Da_h = head_jacobian(X, Q, K, V, self.beta, self.mask, self._memory(K, V))
+            a, Da = (a_h, Da_h) if a is None else (a + a_h, Da + Da_h)
+        if self.combine == "mean" and len(self.heads) > 1:
+            a, Da = a / len(self.heads), Da / len(self.heads)
+        return tangent_jacobian(X, a, Da)
 
     def attention_matrix(self, X: Any, head: int = 0) -> np.ndarray:
         """The attention weights A of one head, (..., n, n + m) (m memory columns last)."""

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import fail
+from attnflow.implicit import IMPLICIT
 from attnflow.integrate import check_solver_args, integrate
 from attnflow.model import Attention
 from attnflow.sphere import normalize as _normalize
@@ -42,10 +43,12 @@ def simulate(
     t_end : final time >= 0 (one unit of time = one layer).
     save_at : increasing save times in [0, t_end]; default 101 evenly spaced times from 0 to
         t_end. t_end is always saved.
-    method : "rk4" (default), "euler", "geodesic" or "dopri5" (see `attnflow.integrate`).
+    method : "rk4" (default), "euler", "geodesic", "dopri5", or the implicit "bdf", "radau",
+        "lsoda" for long horizons (see `attnflow.integrate`; these solve run by run with
+        `model.jacobian`, dense in n d: a few thousand unknowns per run at most).
         "euler" steps x <- normalize(x + dt attn(x)): with dt = 1, one post-LN layer.
-    dt : step of the fixed-step methods (default 0.05); initial step for "dopri5".
-    rtol, atol : tolerances of "dopri5" (defaults 1e-6 and 1e-9).
+    dt : step of the fixed-step methods (default 0.05); initial step for the adaptive ones.
+    rtol, atol : tolerances of the adaptive methods (defaults 1e-6 and 1e-9).
     progress : True for a progress bar on stderr, or a callable receiving the current time.
     normalize : project x0 onto the sphere first; otherwise x0 off the sphere by more than
         1e-8 is an error.
@@ -68,10 +71,12 @@ def simulate(
     with _progress(progress, t_end) as report:
         start = time.perf_counter()
         sol = integrate(model.tangent_field, x0, times, method, dt, rtol, atol, report,
-                        drift=model.attention_output)
+                        drift=model.attention_output, jacobian=model.jacobian)
         wall = time.perf_counter() - start
     integrator = {"method": method, "dt": dt, "rtol": rtol, "atol": atol,
                   "n_steps": sol.n_steps, "n_rejected": sol.n_rejected}
+    if method in IMPLICIT:
+        integrator["n_jacobians"] = sol.n_jacobians
     return Trajectory(times=sol.times, states=sol.states, model=model, integrator=integrator,
                       seed=seed, n_evals=sol.n_evals, wall_time=wall)
 

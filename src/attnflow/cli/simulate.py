@@ -11,15 +11,11 @@ import typer
 from rich.console import Console
 
 from attnflow.cli import app
+from attnflow.integrate import METHODS
 from attnflow.kernels.masks import mask_from_text
 from attnflow.presets import SPEC_HELP, matrix_from_spec
 
-
-class Method(str, Enum):
-    rk4 = "rk4"
-    euler = "euler"
-    geodesic = "geodesic"
-    dopri5 = "dopri5"
+Method = Enum("Method", {name: name for name in METHODS}, type=str)
 
 
 class DType(str, Enum):
@@ -53,11 +49,15 @@ def simulate(
     K: str = typer.Option("identity", "--K", help=f"Key matrix: {SPEC_HELP}."),
     V: str = typer.Option("identity", "--V", help=f"Value matrix: {SPEC_HELP}."),
     batch: int = typer.Option(1, min=1, help="Number of independent runs."),
-    method: Method = typer.Option(Method.rk4, help="Integrator."),
+    method: Method = typer.Option("rk4", help="Integrator: fixed-step rk4, euler, geodesic; "
+                                  "adaptive dopri5; implicit bdf, radau, lsoda (long "
+                                  "horizons, a few thousand n*d per run at most)."),
     dt: float = typer.Option(None, help="Step of fixed-step methods (default 0.05); "
-                             "first step of dopri5."),
-    rtol: float = typer.Option(None, help="dopri5 relative tolerance (default 1e-6)."),
-    atol: float = typer.Option(None, help="dopri5 absolute tolerance (default 1e-9)."),
+                             "first step of the adaptive ones."),
+    rtol: float = typer.Option(None, help="Relative tolerance of the adaptive methods "
+                               "(default 1e-6)."),
+    atol: float = typer.Option(None, help="Absolute tolerance of the adaptive methods "
+                               "(default 1e-9)."),
     t_end: float = typer.Option(150.0, min=0.0, help="Final time (one unit = one layer)."),
     save_at: str = typer.Option(None, help="Save times: 't1,t2,...' or linspace:START:STOP:NUM "
                                 "(default 101 times from 0 to t_end)."),
