@@ -22,7 +22,7 @@ def test_run_quick(tmp_path):
     results = tmp_path / "RESULTS.md"
     text = load("run").main(["--quick", "--no-torch", "--results", str(results)])
     for row in ("| W1 | attnflow fused f64, RK4", "| W1 | baseline (a)", "| W2 | blocked kernel",
-                "| W3 | dopri5 vs RK4", "| rk4 | dt=0.5 |"):
+                "| W3 | dopri5 vs RK4", "| W3 | bdf vs RK4", "| rk4 | dt=0.5 |"):
         assert row in text
     assert results.read_text() == "\n" + text
 
