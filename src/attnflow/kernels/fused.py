@@ -14,7 +14,8 @@ What makes it fast (../shared/BENCHMARKS.md):
   them vectorise without remainder loops or horizontal reductions;
 * one row of scores for the tile (n + m, LANES) stays in L1/L2 cache instead of (B, n, n)
   temporaries being allocated every call;
-* exp is `vexp` (vectorised by LLVM, no subnormal slow path);
+* exp is `vexp` (vectorised by LLVM, no subnormal slow path), and LLVM is asked for 512-bit
+  vectors where the CPU has them (`attnflow.kernels._simd`: 1.5x here);
 * tiles are shared among threads (`attnflow.kernels._threads`), both cores.
 
 Every mask: causal, full and ("window", w) as bands; boolean arrays as the band [0, n) plus
@@ -31,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from attnflow._checks import fail
+from attnflow.kernels._simd import wide_vectors
 from attnflow.kernels._threads import parallel_ranges
 from attnflow.kernels._vexp import vexp
 from attnflow.kernels.masks import MaskSpec, mask_matrix
@@ -65,14 +67,16 @@ def band(mask: MaskSpec, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | N
 
 
 @cache
-def _compile(e: int, f: int):
+def _compile(e: int, f: int, biased: bool):
     """The kernel for head sizes e (queries/keys) and f (values), fixed at compile time so
-    the loops over them unroll and the lane loops vectorise."""
+    the loops over them unroll and the lane loops vectorise; without a score bias (`biased`
+    False: no boolean mask, no memory) the exp loop skips adding it."""
     lanes = LANES
 
     @njit(nogil=True, fastmath=FASTMATH, cache=True)
     def kernel(q, k, v, mem_k, mem_v, bias, bias_lo, bias_hi, safe, lo, hi, beta, out, acc,
                tile0, tile1):
+        wide_vectors()
         runs, n = q.shape[0], q.shape[1]
         m = mem_k.shape[0]
         zero = q.dtype.type(0)
@@ -89,7 +93,7 @@ def _compile(e: int, f: int):
             for c in range(f):
                 vt[n + j, c] = mem_v[j, c]
         k_max = np.empty(lanes, q.dtype)  # max_j |k_j| in each lane
-        shift = np.empty(lanes, q.dtype)
+        offset = np.empty(lanes, q.dtype)  # minus the shift of the row's scores
         total = np.empty(lanes, q.dtype)  # sum_r w_r
         for tile in range(tile0, tile1):
             b0 = tile * lanes
@@ -123,10 +127,10 @@ def _compile(e: int, f: int):
                     for c in range(e):
                         x += qi[c, l] * qi[c, l]
                     bound = np.sqrt(x) * k_max[l]
-                    shift[l] = bound + bias_hi
+                    offset[l] = -(bound + bias_hi)
                     spread = max(spread, 2 * bound + bias_hi - bias_lo)
                 if spread > safe:  # rare (huge beta): one more pass for the exact row maximum
-                    shift[:] = -np.inf
+                    offset[:] = np.inf
                     for r in range(width + m):  # r: allowed tokens lo[i].., then memory
                         j = lo[i] + r if r < width else n + r - width
                         kj = kt[j]
@@ -134,7 +138,7 @@ def _compile(e: int, f: int):
                             x = row[j]
                             for c in range(e):
                                 x += qi[c, l] * kj[c, l]
-                            shift[l] = max(shift[l], x)
+                            offset[l] = min(offset[l], -x)
                 total[:] = zero
                 for c in range(f):
                     acc[c][:] = zero
@@ -143,10 +147,10 @@ def _compile(e: int, f: int):
                     kj = kt[j]
                     vj = vt[j]
                     for l in range(lanes):  # the one exp loop (one inlined, vectorised vexp)
-                        x = row[j]
+                        x = row[j] + offset[l] if biased else offset[l]
                         for c in range(e):
                             x += qi[c, l] * kj[c, l]
-                        w = vexp(x - shift[l])
+                        w = vexp(x)
                         total[l] += w
                         for c in range(f):
                             acc[c][l] += w * vj[c, l]
@@ -192,7 +196,7 @@ def attend(
         bias[:, :n] = mask_bias
     out = np.empty((runs, n, f), dtype)
     if runs and n:
-        kernel = _compile(e, f)
+        kernel = _compile(e, f, bool(mask_bias is not None or len(memory.log_weights)))
         finite = bias[np.isfinite(bias)] if np.isfinite(bias).any() else np.zeros(1)
         args = (runs_first(q, e), runs_first(k, e), runs_first(v, f), mem_k, mem_v, bias,
                 dtype.type(finite.min()), dtype.type(finite.max()), SAFE_SPREAD[dtype.type],
