@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 from conftest import random_matrix
@@ -146,8 +148,8 @@ def test_heavy_memory_point_pulls_every_token(rng):
 
 def test_nonfinite_state_stops_with_time_and_run():
     class Exploding(af.Attention):
-        def tangent_field(self, X):
-            F = super().tangent_field(X)
+        def tangent_field(self, X, kernel=None):
+            F = super().tangent_field(X, kernel)
             F[1] = np.nan  # run 1 blows up
             return F
 
@@ -168,8 +170,8 @@ def test_implicit_methods_solve_each_run_on_its_own():
 
 def test_implicit_method_reports_the_failing_run():
     class Exploding(af.Attention):
-        def tangent_field(self, X):
-            F = super().tangent_field(X)
+        def tangent_field(self, X, kernel=None):
+            F = super().tangent_field(X, kernel)
             if np.array_equal(X, Y0[1]):
                 F[:] = np.nan  # run 1 blows up at once
             return F
@@ -177,3 +179,23 @@ def test_implicit_method_reports_the_failing_run():
     Y0 = uniform((2, 5), 2, 0)
     with pytest.raises(FloatingPointError, match=r"bdf: .*run \(1,\)"):
         af.simulate(Exploding(beta=1.0), Y0, 1.0, method="bdf")
+
+
+@pytest.mark.parametrize("method", FIXED)
+def test_stepping_shares_of_the_runs_in_parallel_changes_nothing(method):
+    """simulate steps shares of independent runs on the kernel threads; the states must be
+    bit-identical to stepping the whole batch at once."""
+    from attnflow.integrate import integrate
+
+    model = af.Attention(beta=9.0)
+    # Big enough for the threads; "auto" picks the fused kernel for the batch, the blocked
+    # one for a share: simulate keeps the batch's choice for every share.
+    x0 = uniform((4, 64, 64), 2, 3)
+    times = np.array([0.0, 0.5])
+    field, drift = (partial(f, kernel=model.kernel_for(x0))
+                    for f in (model.tangent_field, model.attention_output))
+    whole = integrate(field, x0, times, method, 0.1, drift=drift)
+    shares = integrate(field, x0, times, method, 0.1, drift=drift, runs_independent=True)
+    assert np.array_equal(whole.states, shares.states)
+    assert np.array_equal(af.simulate(model, x0, 0.5, save_at=[0.5], method=method,
+                                      dt=0.1).final, whole.states[-1])

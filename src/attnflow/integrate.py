@@ -35,6 +35,7 @@ import numpy as np
 
 from attnflow._checks import describe, fail, finite_array, nonnegative, positive
 from attnflow.implicit import IMPLICIT, solve_implicit
+from attnflow.kernels._threads import parallel_ranges
 from attnflow.sphere import normalize, project
 
 Field = Callable[[np.ndarray], np.ndarray]
@@ -135,8 +136,10 @@ def geodesic_step(field: Field, x: np.ndarray, h: float) -> np.ndarray:
 STEPPERS = {"euler": (euler_step, 1), "rk4": (rk4_step, 4), "geodesic": (geodesic_step, 4)}
 
 
-def _fixed(field, x0, times, dt, method, progress) -> Solution:
+def _fixed(field, x0, times, dt, method, progress, runs_independent) -> Solution:
     step, evals_per_step = STEPPERS[method]
+    if runs_independent and x0.ndim > 2:
+        step = _by_runs(step)
     states = [x0]
     x = x0
     n_steps = 0
@@ -152,6 +155,25 @@ def _fixed(field, x0, times, dt, method, progress) -> Solution:
                 progress(t0 + (i + 1) * h)
         states.append(x)
     return Solution(np.asarray(times), np.stack(states), n_steps * evals_per_step, n_steps, 0)
+
+
+def _by_runs(step):
+    """`step` applied to shares of the runs (leading axes flattened) on the kernel threads,
+    each share with everything it touches in cache; nested kernel calls run inline. Valid
+    when the field maps each run on its own (then the result is the same as one step of the
+    whole batch)."""
+
+    def stepped(field: Field, x: np.ndarray, h: float) -> np.ndarray:
+        flat = x.reshape(-1, *x.shape[-2:])
+        out = np.empty_like(flat)
+
+        def share(a: int, b: int) -> None:
+            out[a:b] = step(field, flat[a:b], h)
+
+        parallel_ranges(share, len(flat), cost=flat.size * flat.shape[-2])
+        return out.reshape(x.shape)
+
+    return stepped
 
 
 # ---------------------------------------------------------------------------- Dormand-Prince
@@ -268,26 +290,32 @@ def integrate(
     progress: Progress | None = None,
     drift: Field | None = None,
     jacobian: Callable[[np.ndarray], np.ndarray] | None = None,
+    runs_independent: bool = False,
 ) -> Solution:
     """Advance x0 (..., n, d) from t = 0 under `field`; return the states at `times`
     (strictly increasing, >= 0). See the module docstring for the methods; `drift` is the
     ambient drift used by "euler" (default: the field itself); `jacobian` maps one run's
     state (n, d) to dF/dx (n, d, n, d) for the implicit methods (default: finite differences).
-    For the implicit methods, which solve run by run, the counts are averages per run."""
+    For the implicit methods, which solve run by run, the counts are averages per run.
+    `runs_independent` says the field maps each run (leading index) on its own: the
+    fixed-step methods then step shares of the runs in parallel, in cache."""
     keep_start = times[0] == 0.0
     if not keep_start:
         times = np.concatenate([[0.0], times])
     if method == "euler" and drift is not None:
         field = drift
-    sol = _solve(field, x0, times, method, dt, rtol, atol, progress, jacobian)
+    sol = _solve(field, x0, times, method, dt, rtol, atol, progress, jacobian,
+                 runs_independent)
     if not keep_start:
         sol.times, sol.states = sol.times[1:], sol.states[1:]
     return sol
 
 
-def _solve(field, x0, times, method, dt, rtol, atol, progress, jacobian) -> Solution:
+def _solve(field, x0, times, method, dt, rtol, atol, progress, jacobian,
+           runs_independent) -> Solution:
     if method in FIXED_STEP:
-        return _fixed(field, x0, times, DEFAULT_DT if dt is None else dt, method, progress)
+        return _fixed(field, x0, times, DEFAULT_DT if dt is None else dt, method, progress,
+                      runs_independent)
     rtol = DEFAULT_RTOL if rtol is None else rtol
     atol = DEFAULT_ATOL if atol is None else atol
     if method in IMPLICIT:

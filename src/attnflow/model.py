@@ -20,7 +20,7 @@ import numpy as np
 
 from attnflow._checks import describe, fail, finite_array, nonnegative, square_matrix
 from attnflow.jacobian import head_jacobian, tangent_jacobian
-from attnflow.kernels import Memory, get_kernel
+from attnflow.kernels import Kernel, Memory, auto, get_kernel
 from attnflow.kernels.dense import attention_weights
 from attnflow.kernels.masks import (
     MaskSpec,
@@ -119,10 +119,18 @@ class Attention:
                        describe(X))
         return X
 
-    def attention_output(self, X: np.ndarray) -> np.ndarray:
+    def kernel_for(self, X: np.ndarray) -> Kernel:
+        """The kernel for tokens shaped like X (..., n, d): the backend's, or for "auto" the
+        one it picks for that shape. `simulate` fixes it for a whole run, so that stepping
+        shares of the runs in parallel never switches kernels (nor rounding)."""
+        if self.backend != "auto":
+            return get_kernel(self.backend)
+        return auto.choose(X, X)
+
+    def attention_output(self, X: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
         """The attention update before projection: sum (or mean) over heads of A V x.
-        X (..., n, d) -> (..., n, d)."""
-        kernel = get_kernel(self.backend)
+        X (..., n, d) -> (..., n, d); `kernel` defaults to the backend's."""
+        kernel = get_kernel(self.backend) if kernel is None else kernel
         out = None
         for Q, K, V in self.heads:
             q = X if Q is None else X @ Q.T
@@ -149,9 +157,9 @@ class Attention:
         """The velocity field F(X) = P_X(attention output), shape (..., n, d), after checking X."""
         return self.tangent_field(self.check_tokens(X))
 
-    def tangent_field(self, X: np.ndarray) -> np.ndarray:
+    def tangent_field(self, X: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
         """`field` without the input checks: the integrators' hot path."""
-        return project(X, self.attention_output(X))
+        return project(X, self.attention_output(X, kernel))
 
     def jacobian(self, X: Any) -> np.ndarray:
         """The exact Jacobian of `field` at X (..., n, d): shape (..., n, d, n, d), with

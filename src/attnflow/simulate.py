@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -70,8 +71,12 @@ def simulate(
                        "normalize=True)", f"norms off 1 by up to {off:.3g}")
     with _progress(progress, t_end) as report:
         start = time.perf_counter()
-        sol = integrate(model.tangent_field, x0, times, method, dt, rtol, atol, report,
-                        drift=model.attention_output, jacobian=model.jacobian)
+        # One kernel for the whole simulation (chosen for the batch, or for one run where
+        # the implicit methods solve run by run).
+        kernel = model.kernel_for(x0 if method not in IMPLICIT else x0[(0,) * (x0.ndim - 2)])
+        sol = integrate(partial(model.tangent_field, kernel=kernel), x0, times, method, dt,
+                        rtol, atol, report, drift=partial(model.attention_output, kernel=kernel),
+                        jacobian=model.jacobian, runs_independent=True)
         wall = time.perf_counter() - start
     integrator = {"method": method, "dt": dt, "rtol": rtol, "atol": atol,
                   "n_steps": sol.n_steps, "n_rejected": sol.n_rejected}

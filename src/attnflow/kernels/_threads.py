@@ -10,6 +10,7 @@ factor of 10 here under such load.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -17,6 +18,7 @@ from functools import cache
 __all__ = ["n_threads", "parallel_ranges"]
 
 SHARES_PER_THREAD = 8
+_worker = threading.local()  # .busy: this thread is running a share
 MIN_COST = 2_000_000  # below this many flop-like units one thread is faster than handing off
 
 
@@ -35,13 +37,24 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 def parallel_ranges(run: Callable[[int, int], object], size: int, cost: float) -> None:
     """Call run(start, stop) over shares of range(size) covering it exactly once, on
-    `n_threads()` threads when the total `cost` is worth it, else inline."""
+    `n_threads()` threads when the total `cost` is worth it, else inline. Calls made from
+    inside a share (nested parallelism, e.g. a kernel inside an integrator's share of the
+    runs) run inline: the outer level already uses every thread."""
     threads = n_threads()
-    if threads == 1 or cost < MIN_COST or size < 2:
+    if threads == 1 or cost < MIN_COST or size < 2 or getattr(_worker, "busy", False):
         run(0, size)
         return
     shares = min(size, threads * SHARES_PER_THREAD)
     bounds = [size * s // shares for s in range(shares + 1)]
-    futures = [_pool(threads).submit(run, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    futures = [_pool(threads).submit(_as_worker, run, a, b)
+               for a, b in zip(bounds[:-1], bounds[1:])]
     for fut in futures:
         fut.result()
+
+
+def _as_worker(run: Callable[[int, int], object], start: int, stop: int) -> None:
+    _worker.busy = True
+    try:
+        run(start, stop)
+    finally:
+        _worker.busy = False
