@@ -4,6 +4,7 @@ random inputs, every mask, memory tokens, several heads, broadcasting, float32, 
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -70,6 +71,54 @@ def test_fused_exact_maximum_path_at_large_beta():
     assert 2 * beta > fused.SAFE_SPREAD[np.float64]
     want = dense.attend(x, x, x, beta, "causal")
     np.testing.assert_allclose(fused.attend(x, x, x, beta, "causal"), want, rtol=0, atol=1e-12)
+
+
+def test_blocked_exact_maximum_rows_beside_bounded_ones():
+    """Rows whose spread 2 beta |q_i| max_j |k_j| exceeds the safe one take the exact running
+    maximum, the others keep the Cauchy-Schwarz shift; in the same blocks both equal dense."""
+    rng = np.random.default_rng(8)
+    n, beta = 40, 400.0
+    x = af.sphere.uniform(n, 3, seed=rng)
+    q = x * np.where(np.arange(n) % 3 == 0, 1.0, 0.01)[:, None]
+    mem = memory(rng, 3, 3)
+    mem = mem._replace(k=4 * mem.k)  # the bound far above the row maximum: exp would underflow
+    spread = 2 * beta * np.linalg.norm(q, axis=1) * np.linalg.norm(mem.k, axis=1).max()
+    assert (spread > blocked.SAFE_SPREAD[np.float64]).any()
+    assert (spread < blocked.SAFE_SPREAD[np.float64] / 10).any()
+    for mask in masks(n, rng):
+        for m in (None, mem):
+            want = dense.attend(q, x, x, beta, mask, m)
+            got = blocked.attend(q, x, x, beta, mask, m, block=7)
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_blocked_float32_close_to_float64():
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((300, 8)) for _ in range(3))
+    got = blocked.attend(*(a.astype(np.float32) for a in (q, k, v)), 2.0, "causal", block=64)
+    assert got.dtype == np.float32
+    assert np.abs(got - dense.attend(q, k, v, 2.0, "causal")).max() < 1e-4
+
+
+def test_blocked_blas_on_one_thread_from_the_main_thread_only():
+    """Called from the main thread, the blocked kernel runs BLAS on one thread and gives the
+    thread counts back after; from other threads it leaves them alone."""
+    def threads():
+        return [lib["num_threads"] for lib in blocked._controller().info()]
+
+    before, seen = threads(), []
+    with blocked._blas_on_one_thread():
+        assert set(threads()) == {1}
+    assert threads() == before
+
+    def other() -> None:
+        with blocked._blas_on_one_thread():
+            seen.append(threads())
+
+    call = threading.Thread(target=other)
+    call.start()
+    call.join()
+    assert seen == [before] and threads() == before
 
 
 def test_blocked_long_sequence_equals_dense():

@@ -1,17 +1,37 @@
 """The blocked, streaming attention kernel for long sequences (flash-attention style).
 
 Scores are never held for the whole sequence: for each block of queries the keys are visited
-in blocks, and a running row maximum M, running sum L and running output O are updated
+in blocks, and a running row shift M, running sum L and running output O are updated
 
     S = beta Q_b K_c^T (+ mask / log-weights),   M' = max(M, rowmax S),
     P = exp(S - M'),   L <- e^{M - M'} L + rowsum P,   O <- e^{M - M'} O + P V_c,
 
 and the output is O / L (the online softmax of Milakov & Gimelshein 2018, "Online normalizer
 calculation for softmax", as used by Dao et al. 2022, FlashAttention). Memory is
-O(block^2 + n (e + f)) instead of O(n^2): at n = 65 536 a dense float64 score matrix needs
-34 GB, this kernel a few MB of blocks. Key blocks entirely outside the mask are skipped (a
-causal mask visits about half of them); the products are BLAS matrix products (both cores);
-the exp pass is a numba kernel over rows on both cores (`attnflow.kernels._threads`).
+O(threads block^2 + n (e + f)) instead of O(n^2): at n = 65 536 a dense float64 score matrix
+needs 34 GB, this kernel a few MB of blocks.
+
+What makes it fast (W2 in benchmarks/run.py, n = 65 536, d = 64, causal: 55-60% of the
+float64 GEMM rate, counting 2 n^2 d flops):
+* key blocks entirely outside the mask are skipped (a causal mask visits about half of
+  them); blocks crossing the band's edge are masked row by row inside the exp pass;
+* the two products per block pair are BLAS products (about 70% of one core's GEMM rate;
+  the exp pass takes about a tenth of the time), called as np.dot from one numba function
+  per query block (`_sweep`): no Python, no GIL between block pairs;
+* threads share whole query blocks (`attnflow.kernels._threads`, heaviest first), each with
+  single-threaded BLAS (threadpoolctl; for calls from the main thread): a score block stays
+  in its core's L2 cache from Q_b K_c^T through the exp pass to P V_c, and threads never
+  wait for each other inside a block (two-thread BLAS on each block plus a threaded exp
+  pass ran at half this speed, and more than ten times slower when another process kept a
+  core busy);
+* no row maximum where a bound does: the scores of row i lie within B_i = beta |q_i| max_j
+  |k_j| of zero (Cauchy-Schwarz), give or take the offsets (memory log-weights). If the
+  spread of that range is below `fused.SAFE_SPREAD`, no weight that matters underflows with
+  its top as the shift, fixed from the start (softmax is shift-invariant): no rescaling, and
+  the exp pass is the only pass over S. Rows beyond it (huge beta) keep the exact running
+  maximum;
+* exp is `vexp` (vectorised by LLVM with 512-bit registers, `_simd.wide_vectors`; no
+  subnormal slow path), fused with the row sums.
 
 Every mask: causal, full, ("window", w) (bands, per-row ranges inside each block) and boolean
 arrays (an additive 0 / -inf bias, block by block). Memory tokens are one more key block.
@@ -20,44 +40,78 @@ arrays (an additive 0 / -inf bias, block by block). Memory tokens are one more k
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import AbstractContextManager, nullcontext
+from functools import cache
 
 import numpy as np
 from numba import njit
+from threadpoolctl import ThreadpoolController
 
 from attnflow._checks import fail
+from attnflow.kernels._simd import wide_vectors
 from attnflow.kernels._threads import parallel_ranges
 from attnflow.kernels._vexp import vexp
-from attnflow.kernels.fused import band
+from attnflow.kernels.fused import SAFE_SPREAD, band
 from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.types import Memory
 
 __all__ = ["BLOCK", "attend"]
 
-BLOCK = 512  # queries and keys per block: S blocks of 2 MB in float64 stay in L2 cache
+BLOCK = 256  # queries and keys per block: score blocks of 512 kB (float64) stay in L2 cache
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
-def _online_softmax(s, row_max, top, total, scale, r0, r1):
-    """Rows r0..r1 of a score block s (rows, cols; masked entries -inf), in place: s becomes
-    P = exp(s - M') with M' = max(M, row_max); the running maximum top (M -> M'), the running
-    sum total (L -> e^{M - M'} L + rowsum P) and scale = e^{M - M'}, by which the caller
-    rescales its running output, are updated."""
+def _online_softmax(s, j0, lo, hi, exact, top, total, acc):
+    """One online-softmax step on a score block s (rows, cols) of keys j0.., in place: row r
+    allows keys [lo[r], hi[r]); s becomes P (0 outside the band). Rows with exact[r] move
+    their shift top[r] to the running maximum, rescaling total and acc; the others keep it."""
+    wide_vectors()
     zero = s.dtype.type(0)
-    for r in range(r0, r1):
+    cols = s.shape[1]
+    for r in range(s.shape[0]):
         row = s[r]
-        new = max(top[r], row_max[r])
-        if new == -np.inf:  # nothing allowed so far: keep the empty state
-            row[:] = zero
-            scale[r] = 1
-            continue
-        scale[r] = math.exp(top[r] - new)  # math.exp: the one vexp call site stays inlined
-        top[r] = new
-        acc = zero
-        for j in range(row.size):
-            w = vexp(row[j] - new)
-            row[j] = w
-            acc += w
-        total[r] = total[r] * scale[r] + acc
+        a = min(max(lo[r] - j0, 0), cols)
+        b = max(min(hi[r] - j0, cols), a)
+        row[:a] = zero
+        row[b:] = zero
+        seg = row[a:b]  # loops over range(seg.size): indices LLVM knows are >= 0 vectorise
+        shift = top[r]
+        if exact[r]:
+            new = shift
+            for j in range(seg.size):
+                new = max(new, seg[j])
+            if new == -np.inf:  # nothing allowed so far: keep the empty state
+                seg[:] = zero
+                continue
+            if new > shift:
+                scale = math.exp(shift - new)  # math.exp: the one vexp call site stays inlined
+                total[r] *= scale
+                acc[r] *= scale
+                top[r] = shift = new
+        t = zero
+        for j in range(seg.size):
+            w = vexp(seg[j] - shift)
+            seg[j] = w
+            t += w
+        total[r] += t
+
+
+@cache
+def _controller() -> ThreadpoolController:
+    import scipy.linalg.cython_blas  # noqa: F401  the BLAS of numba's np.dot: list it too
+
+    return ThreadpoolController()
+
+
+def _blas_on_one_thread() -> AbstractContextManager:
+    """BLAS on one thread (a process-wide setting) until the context exits, when called from
+    the main thread; from other threads nothing changes: OpenBLAS (numpy's 0.3.31, scipy's
+    0.3.30) ignores thread counts set from other threads once the main thread has set one,
+    so a count set there might never be undone."""
+    if threading.current_thread() is threading.main_thread():
+        return _controller().limit(limits=1, user_api="blas")
+    return nullcontext()
 
 
 def attend(
@@ -70,8 +124,9 @@ def attend(
     block: int = BLOCK,
 ) -> np.ndarray:
     """Masked softmax attention, same contract as `attnflow.kernels.dense.attend`, in
-    O(block^2) working memory per run. Leading axes broadcast and are looped over.
-    Computed in float32 when all inputs are float32, else float64. Returns (..., n, f)."""
+    O(block^2) working memory per thread. Leading axes broadcast and are looped over.
+    Computed in float32 when all inputs are float32, else float64. Returns (..., n, f).
+    Called from the main thread, BLAS runs single-threaded (process-wide) during the call."""
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     if dtype not in (np.float32, np.float64):
         raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")
@@ -82,47 +137,69 @@ def attend(
     q, k, v = (np.broadcast_to(a, (*lead, n, a.shape[-1])) for a in (q, k, v))
     out = np.empty((*lead, n, f), dtype)
     lo, hi, bias = band(mask, n)
-    for idx in np.ndindex(*lead):
-        qb = np.ascontiguousarray(q[idx], dtype) * dtype.type(beta)
-        out[idx] = _one_run(qb, np.ascontiguousarray(k[idx], dtype),
-                            np.ascontiguousarray(v[idx], dtype), lo, hi, bias, memory, block)
+    bias = None if bias is None else bias.astype(dtype, copy=False)
+    if memory is None:
+        memory = Memory(np.zeros((0, q.shape[-1])), np.zeros((0, f)), np.zeros(0))
+    memory = Memory(*(np.ascontiguousarray(a, dtype) for a in memory))
+    with _blas_on_one_thread():
+        for idx in np.ndindex(*lead):
+            qb = np.ascontiguousarray(q[idx], dtype) * dtype.type(beta)
+            out[idx] = _one_run(qb, np.ascontiguousarray(k[idx], dtype),
+                                np.ascontiguousarray(v[idx], dtype), lo, hi, bias, memory,
+                                int(block))
     return out
 
 
 def _one_run(qb, k, v, lo, hi, bias, memory, block):
     """Attention of one run; qb already multiplied by beta."""
-    n, f = qb.shape[0], v.shape[1]
+    n, f, m = qb.shape[0], v.shape[1], len(memory.v)
     dtype = qb.dtype
+    # The Cauchy-Schwarz shift of each row, or -inf where the exact maximum is needed; score
+    # offsets: 0 (a boolean mask's bias is 0 or -inf) and the memory's log-weights.
+    b_lo, b_hi = memory.log_weights.min(initial=0), memory.log_weights.max(initial=0)
+    k_max = np.sqrt(max(np.einsum("ij,ij->i", a, a).max(initial=0) for a in (k, memory.k)))
+    bound = np.sqrt(np.einsum("ij,ij->i", qb, qb)) * k_max
+    exact = 2 * bound + b_hi - b_lo > SAFE_SPREAD[dtype.type]
+    shift = np.where(exact, -np.inf, bound + b_hi).astype(dtype)
     out = np.empty((n, f), dtype)
-    for i0 in range(0, n, block):
-        i1 = min(n, i0 + block)
-        rows = i1 - i0
-        top = np.full(rows, -np.inf, dtype)
-        total = np.zeros(rows, dtype)
-        scale = np.empty(rows, dtype)
-        acc = np.zeros((rows, f), dtype)
-        first, last = int(lo[i0:i1].min()), int(hi[i0:i1].max())
-        for j0 in range(first - first % block, last, block):
-            j1 = min(n, j0 + block)
-            s = qb[i0:i1] @ k[j0:j1].T
-            if bias is not None:
-                s += bias[i0:i1, j0:j1]
-            if lo[i0:i1].max() > j0 or hi[i0:i1].min() < j1:  # the block crosses the band
-                cols = np.arange(j0, j1)
-                s[(cols < lo[i0:i1, None]) | (cols >= hi[i0:i1, None])] = -np.inf
-            _update(s, top, total, scale, acc, v[j0:j1])
-        if memory is not None:
-            s = qb[i0:i1] @ memory.k.astype(dtype).T + memory.log_weights.astype(dtype)
-            _update(s, top, total, scale, acc, memory.v.astype(dtype))
-        out[i0:i1] = acc / total[:, None]
+    blocks = -(-n // block)
+    no_bias = np.zeros((0, 0), dtype)
+
+    def run(b0: int, b1: int) -> None:
+        buffer, product = np.empty(block * max(block, m), dtype), np.empty((block, f), dtype)
+        for i0 in range((blocks - b1) * block, (blocks - b0) * block, block):  # heaviest first
+            rows = slice(i0, min(n, i0 + block))
+            q_rows, lo_rows, hi_rows, exact_rows = qb[rows], lo[rows], hi[rows], exact[rows]
+            r = len(q_rows)
+            top, total, acc = shift[rows].copy(), np.zeros(r, dtype), np.zeros((r, f), dtype)
+            state = exact_rows, top, total, acc, buffer, product[:r]
+            first, last = int(lo_rows.min()), int(hi_rows.max())
+            _sweep(q_rows, k, v, no_bias if bias is None else bias[rows],
+                   first - first % block, last, block, lo_rows, hi_rows, *state)
+            if m:  # every query attends to every memory key
+                _sweep(q_rows, memory.k, memory.v, np.tile(memory.log_weights, (r, 1)), 0, m, m,
+                       np.zeros(r, np.int64), np.full(r, m), *state)
+            out[rows] = acc / total[:, None]
+
+    parallel_ranges(run, blocks, cost=float((hi - lo + m).sum()) * (2 * (qb.shape[1] + f) + 30))
     return out
 
 
-def _update(s, top, total, scale, acc, v_block) -> None:
-    """One online-softmax step: fold the score block s into (top, total, acc)."""
-    rows, cols = s.shape
-    row_max = s.max(axis=1)  # numpy's vectorised max (numba's max reduction is scalar)
-    parallel_ranges(lambda r0, r1: _online_softmax(s, row_max, top, total, scale, r0, r1),
-                    rows, cost=rows * cols * 30)
-    acc *= scale[:, None]
-    acc += s @ v_block
+@njit(nogil=True, cache=True)
+def _sweep(q_rows, keys, values, bias, j_start, j_stop, block, lo, hi, exact, top, total, acc,
+           buffer, product):
+    """The key blocks j_start, j_start + block, .. (< j_stop) folded into the online softmax
+    of the queries q_rows: S = q_rows keys^T (+ bias columns, unless bias is empty) into the
+    buffer, `_online_softmax`, acc += P values (through product). The products are numba's
+    np.dot (scipy's BLAS): no Python runs between blocks."""
+    wide_vectors()
+    r = q_rows.shape[0]
+    for j0 in range(j_start, j_stop, block):
+        j1 = min(keys.shape[0], j0 + block)
+        s = buffer[:r * (j1 - j0)].reshape(r, j1 - j0)
+        np.dot(q_rows, keys[j0:j1].T, s)
+        if bias.shape[0]:
+            s += bias[:, j0:j1]
+        _online_softmax(s, j0, lo, hi, exact, top, total, acc)
+        np.dot(s, values[j0:j1], product)
+        acc += product
