@@ -1,9 +1,9 @@
 """Backend "auto": the fastest applicable numpy kernel for each call's shapes.
 
-Measured on the 2-core development machine (benchmarks/RESULTS.md): the fused kernel wins
-from a few runs on (its SIMD lanes are runs), as long as heads are small; the blocked kernel
-wins for single runs from about a hundred tokens (BLAS products, no n x n temporaries); the
-dense reference is fastest only for tiny single runs. torch is never chosen automatically
+Measured on the 2-core development machine: the fused kernel wins from about 8 runs on (its
+SIMD lanes are runs, 32 to a tile), as long as heads are small; the blocked kernel wins for
+fewer runs from about a hundred tokens (BLAS products, no n x n temporaries); the dense
+reference is fastest only for small ones. torch is never chosen automatically
 (it is optional; ask for backend="torch").
 """
 
@@ -17,14 +17,17 @@ from attnflow.kernels.types import Kernel, Memory
 
 __all__ = ["attend", "choose"]
 
-MIN_RUNS_FUSED = 4  # runs from which the fused kernel beats the others (d = 2, n = 200)
+# Thresholds measured 2026-11-30 (d = 2, causal, beta = 64, one call on 2 threads):
+# fused vs blocked at 200 tokens: 4 runs 0.63 vs 0.34 ms, 6 runs 0.49 vs 0.47, 8 runs 0.53 vs
+# 0.66, 12 runs 0.51 vs 0.85 (fused costs the same per tile of 32 runs, however full);
+# 8 x 64 tokens: fused 0.09, blocked 0.32, dense 0.25 ms. Single runs: dense 0.060 vs blocked
+# 0.087 ms at 80 tokens, 0.084 vs 0.086 at 96, 0.098 vs 0.088 at 112.
+MIN_RUNS_FUSED = 8  # runs from which the fused kernel beats the others
 MAX_HEAD_FUSED = 16  # head sizes e, f up to which its unrolled loops pay
-# Pair evaluations per call from which the fused kernel beats blocked/dense per call (measured
-# 2026-11-30: 0.33 vs 0.57 ms at 8 x 100 tokens, 1.2 vs 4.1 ms at 20 x 200). Its one-off
-# compilation (seconds, per head sizes and dtype, then cached on disk) is repaid within a
-# simulation, which calls the kernel thousands of times.
-MIN_PAIRS_FUSED = 40_000
-MIN_TOKENS_BLOCKED = 128  # tokens from which the blocked kernel beats the dense one
+# Below this many pair evaluations per call a call is too small for the fused kernel's
+# one-off compilation (seconds per head sizes and dtype, then cached on disk) to matter.
+MIN_PAIRS_FUSED = 10_000
+MIN_TOKENS_BLOCKED = 96  # tokens from which the blocked kernel beats the dense one
 
 
 def choose(q: np.ndarray, v: np.ndarray) -> Kernel:
