@@ -176,14 +176,17 @@ def test_results_do_not_depend_on_threads(monkeypatch):
 
 def test_parallel_ranges_covers_once(monkeypatch):
     monkeypatch.setenv("ATTNFLOW_THREADS", "2")
-    for size in (1, 2, 7, 1000):
+    for size, grain in ((1, 1), (2, 1), (7, 1), (1000, 1), (1000, 32), (40, 32), (5000, 32)):
         hits = np.zeros(size, int)
+        starts = []
 
-        def run(a, b, hits=hits):
+        def run(a, b, hits=hits, starts=starts):
             hits[a:b] += 1
+            starts.append(a)
 
-        parallel_ranges(run, size, cost=1e12)
+        parallel_ranges(run, size, cost=1e12, grain=grain)
         assert (hits == 1).all()
+        assert all(a % grain == 0 for a in starts)
 
 
 def test_vexp_accuracy():

@@ -35,17 +35,20 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="attnflow")
 
 
-def parallel_ranges(run: Callable[[int, int], object], size: int, cost: float) -> None:
+def parallel_ranges(run: Callable[[int, int], object], size: int, cost: float,
+                    grain: int = 1) -> None:
     """Call run(start, stop) over shares of range(size) covering it exactly once, on
-    `n_threads()` threads when the total `cost` is worth it, else inline. Calls made from
-    inside a share (nested parallelism, e.g. a kernel inside an integrator's share of the
-    runs) run inline: the outer level already uses every thread."""
+    `n_threads()` threads when the total `cost` is worth it, else inline. Share bounds are
+    multiples of `grain` (but the last). Calls made from inside a share (nested parallelism,
+    e.g. a kernel inside an integrator's share of the runs) run inline: the outer level
+    already uses every thread."""
     threads = n_threads()
-    if threads == 1 or cost < MIN_COST or size < 2 or getattr(_worker, "busy", False):
+    units = -(-size // grain)
+    if threads == 1 or cost < MIN_COST or units < 2 or getattr(_worker, "busy", False):
         run(0, size)
         return
-    shares = min(size, threads * SHARES_PER_THREAD)
-    bounds = [size * s // shares for s in range(shares + 1)]
+    shares = min(units, threads * SHARES_PER_THREAD)
+    bounds = [min(size, units * s // shares * grain) for s in range(shares + 1)]
     futures = [_pool(threads).submit(_as_worker, run, a, b)
                for a, b in zip(bounds[:-1], bounds[1:])]
     for fut in futures:
