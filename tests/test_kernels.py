@@ -13,7 +13,7 @@ import attnflow as af
 from attnflow.kernels import KERNELS, auto, blocked, dense, fused, get_kernel
 from attnflow.kernels import torch as torch_kernel
 from attnflow.kernels._threads import parallel_ranges
-from attnflow.kernels._vexp import vexp
+from attnflow.kernels._vexp import vexp, vexp2
 from attnflow.kernels.types import Memory
 
 FAST = {
@@ -209,6 +209,27 @@ def test_vexp_accuracy():
     assert (np.abs(got / np.exp(x32.astype(float)) - 1)).max() < 3e-7
     assert apply(np.array([-87.4, -np.inf], np.float32)).tolist() == [0.0, 0.0]
     assert vexp(1.0) == math.exp(1.0)  # from Python: math.exp
+
+
+def test_vexp2_accuracy():
+    from numba import njit
+
+    @njit
+    def apply(y):
+        out = np.empty_like(y)
+        for i in range(y.size):
+            out[i] = vexp2(y[i])
+        return out
+
+    y = np.concatenate([-np.linspace(0, 1021.9, 100_001), np.linspace(0, 1000, 1001)])
+    assert (np.abs(apply(y) / np.exp2(y) - 1)).max() < 1e-15
+    assert apply(np.array([-1022.5, -3000.0, -np.inf])).tolist() == [0.0, 0.0, 0.0]
+    y32 = np.linspace(-125.9, 120, 10_001).astype(np.float32)
+    got = apply(y32)
+    assert got.dtype == np.float32
+    assert (np.abs(got / np.exp2(y32.astype(float)) - 1)).max() < 3e-7
+    assert apply(np.array([-126.5, -np.inf], np.float32)).tolist() == [0.0, 0.0]
+    assert vexp2(3.0) == 8.0  # from Python: 2.0 ** y
 
 
 def test_auto_choice():

@@ -31,7 +31,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
-__all__ = ["vexp"]
+__all__ = ["vexp", "vexp2"]
 
 # No "reassoc": it would let LLVM merge the two-part subtraction of n ln 2 and lose digits.
 EXACT_FASTMATH = {"contract", "nsz", "arcp"}
@@ -46,12 +46,16 @@ POLY64 = (  # exp(r) ~ sum_i POLY64[i] r^i on |r| <= ln 2 / 2 (Chebyshev interpo
     2.4801504346997686e-05, 2.764018079620985e-06, 2.7626357241447223e-07,
 )
 MIN64 = -708.3964185322641  # log of the smallest normal float64
+POLY2_64 = tuple(c * math.log(2) ** i for i, c in enumerate(POLY64))  # 2^f = exp(f ln 2)
+MIN2_64 = -1022.0  # log2 of the smallest normal float64
 
 LOG2E_32 = np.float32(1.442695)
 LN2_HI_32 = np.float32(0.693359375)  # 355/512, exact in a few bits
 LN2_LO_32 = np.float32(-2.12194440e-4)  # ln 2 - 355/512 (Cephes expf)
 TAYLOR32 = tuple(np.float32(1.0 / math.factorial(i)) for i in range(8))
 MIN32 = np.float32(-87.33654)  # log of the smallest normal float32
+POLY2_32 = tuple(np.float32(math.log(2) ** i / math.factorial(i)) for i in range(8))
+MIN2_32 = np.float32(-126.0)  # log2 of the smallest normal float32
 
 
 @intrinsic
@@ -90,10 +94,36 @@ def _exp64(x):
     p = POLY64[10]
     for c in POLY64[9::-1]:
         p = p * r + c
-    # The bits of `shifted` are those of 1.5 * 2^52 plus n; shifted left by 52 only n's
-    # remain, in the exponent field (mod 2^64); adding 1023's gives the bits of 2^n.
-    scale = _int_bits_as_float((_float_bits_as_int(shifted) << 52) + (1023 << 52))
-    return p * scale if x > MIN64 else 0.0
+    return p * _pow2(shifted) if x > MIN64 else 0.0
+
+
+@njit(fastmath=EXACT_FASTMATH, cache=True)
+def _exp2_64(y):
+    shifted = y + SHIFTER  # = 1.5 * 2^52 + n, n = round(y)
+    f = y - (shifted - SHIFTER)  # exact, |f| <= 1/2
+    p = POLY2_64[10]
+    for c in POLY2_64[9::-1]:
+        p = p * f + c
+    return p * _pow2(shifted) if y > MIN2_64 else 0.0
+
+
+@njit(fastmath=EXACT_FASTMATH, cache=True)
+def _exp2_32(y):
+    n = np.floor(y + np.float32(0.5))
+    f = y - n  # exact, |f| <= 1/2
+    p = POLY2_32[7]
+    for c in POLY2_32[6::-1]:
+        p = p * f + c
+    scale = _int_bits_as_float(np.int32((np.int64(n) + 127) << 23))  # numba widens int32 ops
+    return p * scale if y > MIN2_32 else np.float32(0.0)
+
+
+@njit(fastmath=EXACT_FASTMATH, cache=True)
+def _pow2(shifted):
+    """2^n from shifted = 1.5 * 2^52 + n: the bits of `shifted` are those of 1.5 * 2^52 plus
+    n; shifted left by 52 only n's remain, in the exponent field (mod 2^64); adding 1023's
+    gives the bits of 2^n."""
+    return _int_bits_as_float((_float_bits_as_int(shifted) << 52) + (1023 << 52))
 
 
 @njit(fastmath=EXACT_FASTMATH, cache=True)
@@ -105,6 +135,24 @@ def _exp32(x):
         p = p * r + c
     scale = _int_bits_as_float(np.int32((np.int64(n) + 127) << 23))  # numba widens int32 ops
     return p * scale if x > MIN32 else np.float32(0.0)
+
+
+def vexp2(y: float) -> float:
+    """2^y for y <= 1023 (float64) / 127 (float32), 0 below -1022 / -126 (the normal range).
+    Relative error about 1e-15 (float64) / 2e-7 (float32) against the correctly rounded 2^y.
+    One operation fewer than vexp (y - round(y) is exact: no two-part reduction), for
+    kernels that keep scores in base-2 units. Callable from numba code (vectorises in
+    loops); from Python it is `2.0 ** y`."""
+    return 2.0**y
+
+
+@overload(vexp2, jit_options={"fastmath": EXACT_FASTMATH})
+def _vexp2_overload(y):
+    if isinstance(y, types.Float) and y.bitwidth == 32:
+        return lambda y: _exp2_32(y)
+    if isinstance(y, types.Float):
+        return lambda y: _exp2_64(y)
+    return None
 
 
 def vexp(x: float) -> float:

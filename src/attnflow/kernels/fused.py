@@ -14,7 +14,9 @@ What makes it fast (../shared/BENCHMARKS.md):
   them vectorise without remainder loops or horizontal reductions;
 * one row of scores for the tile (n + m, LANES) stays in L1/L2 cache instead of (B, n, n)
   temporaries being allocated every call;
-* exp is `vexp` (vectorised by LLVM, no subnormal slow path), and LLVM is asked for 512-bit
+* scores are kept in base-2 units (log2 e folded into beta and the bias) so that the weight
+  is `vexp2`, 2^s, one operation cheaper than exp (vectorised by LLVM, no subnormal slow
+  path); LLVM is asked for 512-bit
   vectors where the CPU has them (`attnflow.kernels._simd`: 1.5x here);
 * tiles are shared among threads (`attnflow.kernels._threads`), both cores.
 
@@ -34,7 +36,7 @@ from numba import njit
 from attnflow._checks import fail
 from attnflow.kernels._simd import wide_vectors
 from attnflow.kernels._threads import parallel_ranges
-from attnflow.kernels._vexp import vexp
+from attnflow.kernels._vexp import vexp2
 from attnflow.kernels.masks import MaskSpec, mask_matrix
 from attnflow.kernels.types import Memory
 
@@ -44,6 +46,7 @@ LANES = 32  # runs per SIMD tile
 # Largest spread of a row's scores for which the Cauchy-Schwarz bound may replace the row
 # maximum: exp(-spread - 37) (float64) / exp(-spread - 17) (float32) must stay normal.
 SAFE_SPREAD = {np.float64: 600.0, np.float32: 60.0}
+LOG2E = 1.4426950408889634
 # Reductions need "reassoc" to vectorise; vexp keeps its own exact flags (see _vexp.py).
 FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
@@ -146,11 +149,11 @@ def _compile(e: int, f: int, biased: bool):
                     j = lo[i] + r if r < width else n + r - width
                     kj = kt[j]
                     vj = vt[j]
-                    for l in range(lanes):  # the one exp loop (one inlined, vectorised vexp)
+                    for l in range(lanes):  # the one exp loop (one inlined, vectorised vexp2)
                         x = row[j] + offset[l] if biased else offset[l]
                         for c in range(e):
                             x += qi[c, l] * kj[c, l]
-                        w = vexp(x)
+                        w = vexp2(x)
                         total[l] += w
                         for c in range(f):
                             acc[c][l] += w * vj[c, l]
@@ -194,13 +197,14 @@ def attend(
     bias[:, n:] = memory.log_weights
     if mask_bias is not None:
         bias[:, :n] = mask_bias
+    bias *= LOG2E  # scores in base-2 units: 2^(log2(e) s) = e^s
     out = np.empty((runs, n, f), dtype)
     if runs and n:
         kernel = _compile(e, f, bool(mask_bias is not None or len(memory.log_weights)))
         finite = bias[np.isfinite(bias)] if np.isfinite(bias).any() else np.zeros(1)
         args = (runs_first(q, e), runs_first(k, e), runs_first(v, f), mem_k, mem_v, bias,
-                dtype.type(finite.min()), dtype.type(finite.max()), SAFE_SPREAD[dtype.type],
-                lo, hi, dtype.type(beta), out)
+                dtype.type(finite.min()), dtype.type(finite.max()),
+                SAFE_SPREAD[dtype.type] * LOG2E, lo, hi, dtype.type(beta * LOG2E), out)
         tiles = -(-runs // LANES)
         def run(t0: int, t1: int) -> None:
             # sum_r w_r v_rc for each c: separate arrays, so LLVM vectorises each row's update
