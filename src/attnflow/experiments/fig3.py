@@ -28,7 +28,7 @@ QUICK: dict[str, Any] = {"n": 200, "beta": 64.0, "runs": 200, "chunk": 100, "t_e
                          "n_times": 61, "method": "rk4", "dt": 0.05, "r": None,
                          "scheduler": "serial"}
 FULL: dict[str, Any] = {**QUICK, "runs": 5000, "chunk": 250}
-FULL_MINUTES = 25
+FULL_MINUTES = 15
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
