@@ -101,7 +101,8 @@ def _fusable(x: np.ndarray, *ks: np.ndarray) -> bool:
 
 
 def _axpy(x: np.ndarray, a: float, k: np.ndarray) -> np.ndarray:
-    """x + a k, in one pass where `_fusable` (the same arithmetic as numpy's)."""
+    """x + a k, in one pass where `_fusable` (float64: the same arithmetic as numpy's; float32
+    inputs are combined in float64, then rounded)."""
     if not _fusable(x, k):
         return x + a * k
     out = np.empty_like(x)
@@ -118,7 +119,7 @@ def _axpy_flat(x, a, k, out):
 @njit(nogil=True, cache=True)
 def _rk4_finish(x, k1, k2, k3, k4, out, h):
     """out = normalize(x + (h/6) (k1 + 2 k2 + 2 k3 + k4)) row by row, (m, d) arrays, with
-    numpy's order of operations."""
+    numpy's order of operations (in float64 also for float32 inputs)."""
     c = h / 6
     for r in range(x.shape[0]):
         norm2 = 0.0
