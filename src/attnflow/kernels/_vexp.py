@@ -91,35 +91,41 @@ def _exp64(x):
     shifted = x * LOG2E + SHIFTER  # = 1.5 * 2^52 + n, n = round(x / ln 2)
     n = shifted - SHIFTER
     r = (x - n * LN2_HI) - n * LN2_LO
-    p = POLY64[10]
-    for c in POLY64[9::-1]:
-        p = p * r + c
-    return p * _pow2(shifted) if x > MIN64 else 0.0
+    return _horner(POLY64, r) * _pow2_64(shifted) if x > MIN64 else 0.0
 
 
 @njit(fastmath=EXACT_FASTMATH, cache=True)
 def _exp2_64(y):
     shifted = y + SHIFTER  # = 1.5 * 2^52 + n, n = round(y)
     f = y - (shifted - SHIFTER)  # exact, |f| <= 1/2
-    p = POLY2_64[10]
-    for c in POLY2_64[9::-1]:
-        p = p * f + c
-    return p * _pow2(shifted) if y > MIN2_64 else 0.0
+    return _horner(POLY2_64, f) * _pow2_64(shifted) if y > MIN2_64 else 0.0
+
+
+@njit(fastmath=EXACT_FASTMATH, cache=True)
+def _exp32(x):
+    n = np.floor(x * LOG2E_32 + np.float32(0.5))
+    r = (x - n * LN2_HI_32) - n * LN2_LO_32
+    return _horner(TAYLOR32, r) * _pow2_32(n) if x > MIN32 else np.float32(0.0)
 
 
 @njit(fastmath=EXACT_FASTMATH, cache=True)
 def _exp2_32(y):
     n = np.floor(y + np.float32(0.5))
     f = y - n  # exact, |f| <= 1/2
-    p = POLY2_32[7]
-    for c in POLY2_32[6::-1]:
-        p = p * f + c
-    scale = _int_bits_as_float(np.int32((np.int64(n) + 127) << 23))  # numba widens int32 ops
-    return p * scale if y > MIN2_32 else np.float32(0.0)
+    return _horner(POLY2_32, f) * _pow2_32(n) if y > MIN2_32 else np.float32(0.0)
 
 
 @njit(fastmath=EXACT_FASTMATH, cache=True)
-def _pow2(shifted):
+def _horner(coeffs, r):
+    """sum_i coeffs[i] r^i by Horner's rule (fused multiply-adds)."""
+    p = coeffs[-1]
+    for c in coeffs[-2::-1]:
+        p = p * r + c
+    return p
+
+
+@njit(fastmath=EXACT_FASTMATH, cache=True)
+def _pow2_64(shifted):
     """2^n from shifted = 1.5 * 2^52 + n: the bits of `shifted` are those of 1.5 * 2^52 plus
     n; shifted left by 52 only n's remain, in the exponent field (mod 2^64); adding 1023's
     gives the bits of 2^n."""
@@ -127,14 +133,9 @@ def _pow2(shifted):
 
 
 @njit(fastmath=EXACT_FASTMATH, cache=True)
-def _exp32(x):
-    n = np.floor(x * LOG2E_32 + np.float32(0.5))
-    r = (x - n * LN2_HI_32) - n * LN2_LO_32
-    p = TAYLOR32[7]
-    for c in TAYLOR32[6::-1]:
-        p = p * r + c
-    scale = _int_bits_as_float(np.int32((np.int64(n) + 127) << 23))  # numba widens int32 ops
-    return p * scale if x > MIN32 else np.float32(0.0)
+def _pow2_32(n):
+    """2^n for a float32 holding an integer n, built in the exponent bits."""
+    return _int_bits_as_float(np.int32((np.int64(n) + 127) << 23))  # numba widens int32 ops
 
 
 def vexp2(y: float) -> float:
