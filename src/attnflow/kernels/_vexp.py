@@ -147,15 +147,6 @@ def vexp2(y: float) -> float:
     return 2.0**y
 
 
-@overload(vexp2, jit_options={"fastmath": EXACT_FASTMATH})
-def _vexp2_overload(y):
-    if isinstance(y, types.Float) and y.bitwidth == 32:
-        return lambda y: _exp2_32(y)
-    if isinstance(y, types.Float):
-        return lambda y: _exp2_64(y)
-    return None
-
-
 def vexp(x: float) -> float:
     """exp(x) for x <= 709 (float64) / 88 (float32), 0 below the normal range. Relative
     error about 1e-15 (float64) / 2e-7 (float32) against the correctly rounded exp.
@@ -163,10 +154,17 @@ def vexp(x: float) -> float:
     return math.exp(x)
 
 
-@overload(vexp, jit_options={"fastmath": EXACT_FASTMATH})
-def _vexp_overload(x):
-    if isinstance(x, types.Float) and x.bitwidth == 32:
-        return lambda x: _exp32(x)
-    if isinstance(x, types.Float):
-        return lambda x: _exp64(x)
-    return None
+def _implement(python_fn, float32_fn, float64_fn) -> None:
+    """Make numba compile calls of python_fn to float32_fn / float64_fn by argument type."""
+
+    @overload(python_fn, jit_options={"fastmath": EXACT_FASTMATH})
+    def _by_type(x):
+        if isinstance(x, types.Float) and x.bitwidth == 32:
+            return lambda x: float32_fn(x)
+        if isinstance(x, types.Float):
+            return lambda x: float64_fn(x)
+        return None
+
+
+_implement(vexp, _exp32, _exp64)
+_implement(vexp2, _exp2_32, _exp2_64)
