@@ -42,7 +42,7 @@ QUICK: dict[str, Any] = {"d": [2, 3], "n": [200, 400], "runs": [32, 16],
 FULL: dict[str, Any] = {**QUICK, "n": [400, 800], "runs": [128, 32],
                         "betas": [[4, 8, 16, 32, 64, 128, 256]] * 2,
                         "times": [10.0, 30.0, 100.0, 300.0]}
-FULL_MINUTES = 20
+FULL_MINUTES = 7
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
