@@ -6,7 +6,11 @@
 * "fused": numba, for ensembles of runs with small heads (the paper's workloads).
 * "blocked": streaming softmax over key blocks, for long sequences in bounded memory.
 * "torch": torch's scaled_dot_product_attention on CPU threads (optional extra).
-* "auto" (the default of `Attention`): per call, the fastest of dense, fused and blocked.
+* "auto" (the default of `Attention`): per call, the fastest of dense, fused and blocked
+  that has the call's options.
+
+Beside softmax attention, kernels take a score bias and other normalizations
+(`attnflow.kernels.options`); `SUPPORTS[name]` lists the options each kernel has.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import importlib.util
 from attnflow._checks import fail
 from attnflow.kernels import auto, blocked, dense, fused
 from attnflow.kernels import torch as torch_kernel
-from attnflow.kernels.types import Kernel, Memory
+from attnflow.kernels.types import Kernel, Memory, Normalization
 
 KERNELS: dict[str, Kernel] = {
     "auto": auto.attend,
@@ -24,6 +28,15 @@ KERNELS: dict[str, Kernel] = {
     "fused": fused.attend,
     "blocked": blocked.attend,
     "torch": torch_kernel.attend,
+}
+
+# The options ("bias", "unnormalised", "sinkhorn") each kernel has beside plain softmax.
+SUPPORTS: dict[str, frozenset[str]] = {
+    "auto": auto.SUPPORTS,
+    "dense": dense.SUPPORTS,
+    "fused": fused.SUPPORTS,
+    "blocked": blocked.SUPPORTS,
+    "torch": torch_kernel.SUPPORTS,
 }
 
 
@@ -39,4 +52,4 @@ def get_kernel(name: str) -> Kernel:
     return kernel
 
 
-__all__ = ["KERNELS", "Kernel", "Memory", "get_kernel"]
+__all__ = ["KERNELS", "SUPPORTS", "Kernel", "Memory", "Normalization", "get_kernel"]

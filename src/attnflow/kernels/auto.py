@@ -3,8 +3,9 @@
 Measured on the 2-core development machine: the fused kernel wins from about 8 runs on (its
 SIMD lanes are runs, 32 to a tile), as long as heads are small; the blocked kernel wins for
 fewer runs from about a hundred tokens (BLAS products, no n x n temporaries); the dense
-reference is fastest only for small ones. torch is never chosen automatically
-(it is optional; ask for backend="torch").
+reference is fastest only for small ones, and takes the calls that need an option the others
+lack (`attnflow.kernels.options`). torch is never chosen automatically (it is optional; ask
+for backend="torch").
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import numpy as np
 
 from attnflow.kernels import blocked, dense, fused
 from attnflow.kernels.masks import MaskSpec
-from attnflow.kernels.types import Kernel, Memory
+from attnflow.kernels.options import ALL, check_normalization, needed
+from attnflow.kernels.types import Kernel, Memory, Normalization
 
-__all__ = ["attend", "choose"]
+__all__ = ["SUPPORTS", "attend", "choose"]
+
+SUPPORTS = ALL  # every option: calls that need one the fast kernels lack go to dense
 
 # Thresholds measured 2026-11-30 (d = 2, causal, beta = 64, one call on 2 threads):
 # fused vs blocked at 200 tokens: 4 runs 0.63 vs 0.34 ms, 6 runs 0.49 vs 0.47, 8 runs 0.53 vs
@@ -30,14 +34,17 @@ MIN_PAIRS_FUSED = 10_000
 MIN_TOKENS_BLOCKED = 96  # tokens from which the blocked kernel beats the dense one
 
 
-def choose(q: np.ndarray, v: np.ndarray) -> Kernel:
-    """The kernel `attend` uses for queries q (..., n, e) and values v (..., n, f)."""
+def choose(q: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None,
+           normalization: Normalization = "softmax") -> Kernel:
+    """The kernel `attend` uses for queries q (..., n, e) and values v (..., n, f), with the
+    given score bias and normalization: never one that lacks an option the call needs."""
+    need = needed(None if bias is None else np.zeros(0), check_normalization(normalization))
     runs = int(np.prod(np.broadcast_shapes(q.shape[:-2], v.shape[:-2])))
     n = q.shape[-2]
     if (runs >= MIN_RUNS_FUSED and max(q.shape[-1], v.shape[-1]) <= MAX_HEAD_FUSED
-            and runs * n * (n + 1) // 2 >= MIN_PAIRS_FUSED):
+            and runs * n * (n + 1) // 2 >= MIN_PAIRS_FUSED and need <= fused.SUPPORTS):
         return fused.attend
-    if n >= MIN_TOKENS_BLOCKED:
+    if n >= MIN_TOKENS_BLOCKED and need <= blocked.SUPPORTS:
         return blocked.attend
     return dense.attend
 
@@ -49,7 +56,10 @@ def attend(
     beta: float,
     mask: MaskSpec,
     memory: Memory | None = None,
+    bias: np.ndarray | None = None,
+    normalization: Normalization = "softmax",
 ) -> np.ndarray:
-    """Masked softmax attention by the kernel `choose(q, v)` picks; same contract as
-    `attnflow.kernels.dense.attend`."""
-    return choose(q, v)(q, k, v, beta, mask, memory)
+    """Masked attention by the kernel `choose(q, v, bias, normalization)` picks; same
+    contract as `attnflow.kernels.dense.attend`."""
+    kernel = choose(q, v, bias, normalization)
+    return kernel(q, k, v, beta, mask, memory, bias=bias, normalization=normalization)

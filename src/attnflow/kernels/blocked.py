@@ -54,9 +54,12 @@ from attnflow.kernels._threads import parallel_ranges
 from attnflow.kernels._vexp import vexp
 from attnflow.kernels.fused import SAFE_SPREAD, band
 from attnflow.kernels.masks import MaskSpec
-from attnflow.kernels.types import Memory
+from attnflow.kernels.options import check_options
+from attnflow.kernels.types import Memory, Normalization
 
-__all__ = ["BLOCK", "attend"]
+__all__ = ["BLOCK", "SUPPORTS", "attend"]
+
+SUPPORTS: frozenset[str] = frozenset()  # options beside softmax (`attnflow.kernels.options`)
 
 BLOCK = 256  # queries and keys per block: score blocks of 512 kB (float64) stay in L2 cache
 
@@ -121,19 +124,23 @@ def attend(
     beta: float,
     mask: MaskSpec,
     memory: Memory | None = None,
+    bias: np.ndarray | None = None,
+    normalization: Normalization = "softmax",
     block: int = BLOCK,
 ) -> np.ndarray:
     """Masked softmax attention, same contract as `attnflow.kernels.dense.attend`, in
     O(block^2) working memory per thread. Leading axes broadcast and are looped over.
     Computed in float32 when all inputs are float32, else float64. Returns (..., n, f).
     Called from the main thread, BLAS runs single-threaded (process-wide) during the call."""
+    n, f = q.shape[-2], v.shape[-1]
+    bias, normalization = check_options("blocked", SUPPORTS, n, mask, memory, bias,
+                                        normalization)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     if dtype not in (np.float32, np.float64):
         raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")
     if int(block) != block or block < 1:
         raise fail("block", "an integer >= 1", repr(block))
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    n, f = q.shape[-2], v.shape[-1]
     q, k, v = (np.broadcast_to(a, (*lead, n, a.shape[-1])) for a in (q, k, v))
     out = np.empty((*lead, n, f), dtype)
     lo, hi, bias = band(mask, n)

@@ -6,28 +6,91 @@ Readable and general (every mask, memory tokens); every fast kernel is tested ag
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import logsumexp
 
 from attnflow.kernels.masks import MaskSpec, mask_matrix
-from attnflow.kernels.types import Memory
+from attnflow.kernels.options import ALL, check_options
+from attnflow.kernels.types import Memory, Normalization
+
+SUPPORTS = ALL  # every option (`attnflow.kernels.options`)
 
 
 def attention_weights(
-    q: np.ndarray, k: np.ndarray, beta: float, mask: MaskSpec, memory: Memory | None = None
+    q: np.ndarray,
+    k: np.ndarray,
+    beta: float,
+    mask: MaskSpec,
+    memory: Memory | None = None,
+    bias: np.ndarray | None = None,
+    normalization: Normalization = "softmax",
 ) -> np.ndarray:
-    """Softmax attention weights, (..., n, n + m): row k is the law softmax_j(beta <q_k, k_j>)
-    over the keys allowed by the mask, then the m memory keys (scores + log a_j).
+    """Attention weights, (..., n, n + m): row i weighs the keys allowed by the mask, then
+    the m memory keys, by their scores s_ij = beta <q_i, k_j> + bias_ij (memory: beta <q_i,
+    k_j> + log a_j), normalised by `normalization` (`attnflow.kernels.options`):
+    softmax_j(s_ij) (default), exp(s_ij) / N (unnormalised), or Sinkhorn's doubly stochastic
+    matrix (full mask, no memory).
 
-    The softmax subtracts each row's maximum score (log-sum-exp), so huge beta stays finite.
+    The softmax subtracts each row's maximum score (log-sum-exp), so huge beta stays finite;
+    unnormalised weights overflow to inf only where exp(s_ij) / N does.
     """
     n = q.shape[-2]
-    scores = beta * (q @ np.swapaxes(k, -1, -2))
-    scores = np.where(mask_matrix(mask, n), scores, -np.inf)
-    if memory is not None:
-        mem_scores = beta * (q @ memory.k.T) + memory.log_weights
-        scores = np.concatenate([scores, mem_scores], axis=-1)
+    bias, normalization = check_options("dense", SUPPORTS, n, mask, memory, bias, normalization)
+    return _weights(_scores(q, k, beta, mask, memory, bias), _count(n, memory), normalization)
+
+
+def _weights(scores: np.ndarray, count: float, normalization: Normalization) -> np.ndarray:
+    """The weights of masked scores (..., n, n + m); count: N of the unnormalised weights."""
+    if normalization == "unnormalised":
+        with np.errstate(over="ignore"):  # exp(s) / N beyond the float range: inf
+            return np.exp(scores - np.log(count))
+    if normalization != "softmax":
+        return np.exp(_sinkhorn(scores, normalization[1]))
     weights = np.exp(scores - np.max(scores, axis=-1, keepdims=True))
     weights /= np.sum(weights, axis=-1, keepdims=True)
     return weights
+
+
+def _scores(q: np.ndarray, k: np.ndarray, beta: float, mask: MaskSpec, memory: Memory | None,
+            bias: np.ndarray | None) -> np.ndarray:
+    """The scores (..., n, n + m): -inf where the mask forbids a key."""
+    n = q.shape[-2]
+    scores = beta * (q @ np.swapaxes(k, -1, -2))
+    if bias is not None:
+        scores = scores + bias.astype(scores.dtype, copy=False)
+    scores = np.where(mask_matrix(mask, n), scores, -np.inf)
+    if memory is not None:
+        mem_scores = beta * (q @ memory.k.T) + memory.log_weights
+        scores = np.concatenate([scores, np.broadcast_to(
+            mem_scores, (*scores.shape[:-1], mem_scores.shape[-1]))], axis=-1)
+    return scores
+
+
+def _count(n: int, memory: Memory | None) -> float:
+    """N = n + sum_j a_j: the tokens plus the memory multiplicities."""
+    return n + (0.0 if memory is None else float(np.exp(memory.log_weights).sum()))
+
+
+def _sinkhorn(scores: np.ndarray, iterations: int) -> np.ndarray:
+    """log of Sinkhorn's scaling of exp(scores) (..., n, n): `iterations` times normalise the
+    columns, then the rows, in log space (no overflow at any beta)."""
+    log_w = scores
+    for _ in range(iterations):
+        log_w = log_w - logsumexp(log_w, axis=-2, keepdims=True)
+        log_w = log_w - logsumexp(log_w, axis=-1, keepdims=True)
+    return log_w
+
+
+def _unnormalised_output(scores: np.ndarray, values: np.ndarray, count: float) -> np.ndarray:
+    """sum_j exp(s_ij) v_j / N without spurious overflow or NaN: the row maximum M is taken
+    out, (sum_j exp(s_ij - M) v_j) is multiplied by exp((M - log N) / 2) twice, and a zero
+    sum stays 0 (never 0 * inf); a result beyond the float range is +-inf."""
+    top = np.max(scores, axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)  # a row without keys: every weight 0
+    inner = np.exp(scores - top) @ values
+    half = np.exp((top - np.log(count)) / 2)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = (inner * half) * half
+    return np.where(inner == 0, 0.0, out).astype(out.dtype, copy=False)
 
 
 def attend(
@@ -37,8 +100,11 @@ def attend(
     beta: float,
     mask: MaskSpec,
     memory: Memory | None = None,
+    bias: np.ndarray | None = None,
+    normalization: Normalization = "softmax",
 ) -> np.ndarray:
-    """Masked softmax attention, softmax(beta q k^T + log-weights) v, row by row.
+    """Masked attention, row by row: the weights of `attention_weights` times the values
+    (softmax(beta q k^T + bias + log-weights) v by default).
 
     Parameters
     ----------
@@ -47,12 +113,19 @@ def attend(
     beta : inverse temperature >= 0.
     mask : canonical mask spec (see `attnflow.kernels.masks`) over the n tokens.
     memory : optional fixed keys/values every token also attends to, with log multiplicities.
+    bias : optional (n, n) score bias (finite or -inf), on the token block only.
+    normalization : "softmax", "unnormalised" or ("sinkhorn", iterations)
+        (`attnflow.kernels.options`).
 
-    Returns (..., n, f): for each query, the attention-weighted average of the values.
+    Returns (..., n, f): for each query, the attention-weighted sum of the values.
     """
-    weights = attention_weights(q, k, beta, mask, memory)
+    n = q.shape[-2]
+    bias, normalization = check_options("dense", SUPPORTS, n, mask, memory, bias, normalization)
     if memory is not None:
         v = np.concatenate(
             [v, np.broadcast_to(memory.v, (*v.shape[:-2], *memory.v.shape))], axis=-2
         )
-    return weights @ v
+    scores = _scores(q, k, beta, mask, memory, bias)
+    if normalization == "unnormalised":
+        return _unnormalised_output(scores, v, _count(n, memory))
+    return _weights(scores, _count(n, memory), normalization) @ v

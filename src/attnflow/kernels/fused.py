@@ -38,9 +38,12 @@ from attnflow.kernels._simd import wide_vectors
 from attnflow.kernels._threads import parallel_ranges
 from attnflow.kernels._vexp import vexp2
 from attnflow.kernels.masks import MaskSpec, mask_matrix
-from attnflow.kernels.types import Memory
+from attnflow.kernels.options import check_options
+from attnflow.kernels.types import Memory, Normalization
 
-__all__ = ["LANES", "attend", "band"]
+__all__ = ["LANES", "SUPPORTS", "attend", "band"]
+
+SUPPORTS: frozenset[str] = frozenset()  # options beside softmax (`attnflow.kernels.options`)
 
 LANES = 32  # runs per SIMD tile
 # Largest spread of a row's scores for which the Cauchy-Schwarz bound may replace the row
@@ -171,17 +174,20 @@ def attend(
     beta: float,
     mask: MaskSpec,
     memory: Memory | None = None,
+    bias: np.ndarray | None = None,
+    normalization: Normalization = "softmax",
 ) -> np.ndarray:
     """Masked softmax attention, same contract as `attnflow.kernels.dense.attend`.
 
     q, k : (..., n, e); v : (..., n, f); leading axes broadcast. Computed in float32 when all
     inputs are float32, else float64. Returns (..., n, f).
     """
+    n, e, f = q.shape[-2], q.shape[-1], v.shape[-1]
+    bias, normalization = check_options("fused", SUPPORTS, n, mask, memory, bias, normalization)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     if dtype not in (np.float32, np.float64):
         raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    n, e, f = q.shape[-2], q.shape[-1], v.shape[-1]
     runs = int(np.prod(lead))
 
     def runs_first(a: np.ndarray, width: int) -> np.ndarray:

@@ -17,9 +17,12 @@ from typing import Any
 import numpy as np
 
 from attnflow.kernels.masks import MaskSpec, mask_matrix
-from attnflow.kernels.types import Memory
+from attnflow.kernels.options import check_options
+from attnflow.kernels.types import Memory, Normalization
 
-__all__ = ["attend", "attend_tensor"]
+__all__ = ["SUPPORTS", "attend", "attend_tensor"]
+
+SUPPORTS: frozenset[str] = frozenset()  # options beside softmax (`attnflow.kernels.options`)
 
 
 def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
@@ -52,11 +55,15 @@ def attend(
     beta: float,
     mask: MaskSpec,
     memory: Memory | None = None,
+    bias: np.ndarray | None = None,
+    normalization: Normalization = "softmax",
 ) -> np.ndarray:
     """Masked softmax attention through torch on CPU threads, same contract as
     `attnflow.kernels.dense.attend` (float64 unless all inputs are float32)."""
     import torch
 
+    bias, normalization = check_options("torch", SUPPORTS, q.shape[-2], mask, memory, bias,
+                                        normalization)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     q, k, v = (torch.from_numpy(np.ascontiguousarray(a, dtype)) for a in (q, k, v))
     return attend_tensor(q, k, v, beta, mask, memory).numpy()

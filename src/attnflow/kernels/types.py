@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, Union
 
 import numpy as np
 
@@ -21,8 +21,13 @@ class Memory(NamedTuple):
     log_weights: np.ndarray
 
 
+# "softmax" | "unnormalised" | ("sinkhorn", iterations): see `attnflow.kernels.options`
+Normalization = Union[str, tuple]
+
+
 class Kernel(Protocol):
-    """The one signature every attention kernel implements (see `dense.attend`)."""
+    """The one signature every attention kernel implements (see `dense.attend`; the options
+    bias and normalization: `attnflow.kernels.options`)."""
 
     def __call__(
         self,
@@ -32,4 +37,6 @@ class Kernel(Protocol):
         beta: float,
         mask: MaskSpec,
         memory: Memory | None = None,
+        bias: np.ndarray | None = None,
+        normalization: Normalization = "softmax",
     ) -> np.ndarray: ...

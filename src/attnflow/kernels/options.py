@@ -1,0 +1,93 @@
+"""The kernels' options beside plain softmax attention, and their validation.
+
+* bias: None or a float (n, n) array b (entries finite or -inf: a forbidden key) added to the
+  scores beta <q_i, k_j> of the n x n token block; memory keys keep their log-weights only.
+  The mask applies on top (a key it forbids stays forbidden whatever its bias).
+* normalization: how the weights exp(score) become attention weights w_ij
+  - "softmax" (default): each row divided by its sum;
+  - "unnormalised": w_ij = exp(score_ij) / N, N = n + sum_j a_j (the tokens plus the memory
+    multiplicities), rows not normalised (docs/science.md §6);
+  - ("sinkhorn", iterations): `iterations` >= 1 times (normalise columns, then rows), in log
+    space, on the full n x n block: rows sum to 1 exactly, columns to 1 in the limit (doubly
+    stochastic, Sinkformers); only with the "full" mask and no memory.
+
+Each kernel module names the options it has in `SUPPORTS` (collected in
+`attnflow.kernels.SUPPORTS`); `check_options` raises a ValueError naming the backend and the
+option when one is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnflow._checks import describe, fail
+from attnflow.kernels.masks import MaskSpec
+from attnflow.kernels.types import Normalization
+
+__all__ = ["ALL", "Normalization", "check_bias", "check_normalization", "check_options",
+           "needed"]
+
+ALL = frozenset({"bias", "unnormalised", "sinkhorn"})  # every option beside plain softmax
+_EXPECTED = "'softmax', 'unnormalised' or ('sinkhorn', iterations) with an integer iterations >= 1"
+
+
+def check_normalization(normalization: Any) -> Normalization:
+    """The canonical form of a normalization spec (see the module docstring)."""
+    if isinstance(normalization, str) and normalization in ("softmax", "unnormalised"):
+        return normalization
+    if (isinstance(normalization, (tuple, list)) and len(normalization) == 2
+            and isinstance(normalization[0], str) and normalization[0] == "sinkhorn"):
+        it = normalization[1]
+        if not isinstance(it, (bool, np.bool_)) and isinstance(it, (int, np.integer)) and it >= 1:
+            return ("sinkhorn", int(it))
+    raise fail("normalization", _EXPECTED, repr(normalization))
+
+
+def check_bias(bias: Any, n: int) -> np.ndarray | None:
+    """None, or the bias as a float (n, n) array with entries finite or -inf."""
+    if bias is None:
+        return None
+    arr = np.asarray(bias)
+    if (arr.shape != (n, n) or not np.issubdtype(arr.dtype, np.number)
+            or np.issubdtype(arr.dtype, np.complexfloating)):
+        raise fail("bias", f"None or a real ({n}, {n}) array for n = {n} tokens", describe(arr))
+    arr = arr.astype(np.result_type(arr.dtype, np.float32), copy=False)
+    if np.isnan(arr).any() or (arr == np.inf).any():
+        raise fail("bias", "entries finite or -inf (a forbidden key)",
+                   f"{int(np.count_nonzero(np.isnan(arr) | (arr == np.inf)))} NaN or +inf "
+                   "entries")
+    return arr
+
+
+def needed(bias: np.ndarray | None, normalization: Normalization) -> frozenset[str]:
+    """The options (names in `ALL`) a call with this bias and normalization needs."""
+    opts = set() if bias is None else {"bias"}
+    if normalization != "softmax":
+        opts.add(normalization if isinstance(normalization, str) else normalization[0])
+    return frozenset(opts)
+
+
+def check_options(backend: str, supports: frozenset[str], n: int, mask: MaskSpec,
+                  memory: Any, bias: Any, normalization: Any
+                  ) -> tuple[np.ndarray | None, Normalization]:
+    """Validate a kernel call's bias and normalization for n tokens; returns them canonical.
+
+    Raises ValueError when the kernel `backend` lacks an option the call needs (naming both),
+    or for sinkhorn with a mask other than "full" or with memory tokens.
+    """
+    normalization = check_normalization(normalization)
+    bias = check_bias(bias, n)
+    missing = needed(bias, normalization) - supports
+    if missing:
+        raise fail("backend", f"a kernel with the option(s) {sorted(missing)} (backend "
+                   f"{backend!r} has {sorted(supports)}; 'dense' has them all)", repr(backend))
+    if isinstance(normalization, tuple) and (
+            not (isinstance(mask, str) and mask == "full") or memory is not None):
+        received = f"mask {mask if isinstance(mask, (str, tuple)) else 'array'!r}" + (
+            " with memory tokens" if memory is not None else "")
+        raise fail("normalization", "('sinkhorn', iterations) only with mask 'full' and no "
+                   "memory (a doubly stochastic matrix needs every token to see every token)",
+                   received)
+    return bias, normalization
