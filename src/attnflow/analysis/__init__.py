@@ -7,6 +7,10 @@
   of observed final configurations.
 * parking: expected numbers of (strong) Rényi centers, Rényi's parking constant.
 * theory: h, g, tau_beta and the conditions of Lemma 5.1, Theorem 5.2 and Remark B.2.
+* energy: the interaction energy E_beta and its logarithm (docs/science.md §6).
+* family: closed forms of the model family (docs/science.md §6): the equiangular ODEs and
+  exact equiangular starts, the noisy Kuramoto order parameter, the long-context self-weight
+  and output correlation, the mean-field cluster number k*.
 
 Definitions follow SCIENCE.md §§2-4 and are restated in each docstring.
 """
@@ -26,6 +30,16 @@ from attnflow.analysis.clusters import (
     clusters,
     default_cluster_tol,
     spanning_tree,
+)
+from attnflow.analysis.energy import energy, log_energy
+from attnflow.analysis.family import (
+    equiangular_rhs,
+    equiangular_start,
+    k_star,
+    kuramoto_order,
+    output_correlation,
+    output_correlation_limit,
+    self_weight,
 )
 from attnflow.analysis.parking import (
     RENYI_PARKING_CONSTANT,
@@ -66,15 +80,24 @@ __all__ = [
     "clusters",
     "consumed_fraction",
     "distance_to_subspace",
+    "energy",
+    "equiangular_rhs",
+    "equiangular_start",
     "expected_renyi_centers_circle",
     "expected_strong_centers",
     "g",
     "h",
+    "k_star",
+    "kuramoto_order",
     "lemma51_bound",
+    "log_energy",
+    "output_correlation",
+    "output_correlation_limit",
     "predict_configuration",
     "remark_b2_conditions",
     "renyi_centers",
     "renyi_parking_mean",
+    "self_weight",
     "spanning_tree",
     "strong_renyi_centers",
     "tau_beta",
