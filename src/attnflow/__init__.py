@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from attnflow._version import __version__
 
 # Public name -> the module that defines it. Loaded on first use, so `import attnflow` stays
 # fast (scipy.stats, xarray, zarr, dask and matplotlib load only when needed).

@@ -51,9 +51,13 @@ def reproduce(
     if unknown:
         raise fail("names", f"recipe names among {list(RECIPES)}", unknown)
     overrides = overrides or {}
-    for name in overrides:
+    for name, changes in overrides.items():
         if name not in RECIPES:
             raise fail("overrides", f"recipe names among {list(RECIPES)}", repr(name))
+        known = set(RECIPES[name].QUICK) | set(RECIPES[name].FULL)
+        if set(changes) - known:
+            raise fail(f"overrides[{name!r}]", f"parameters among {sorted(known)}",
+                       sorted(set(changes) - known))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -75,14 +79,14 @@ def reproduce(
 
 
 def _run_one(name, recipe, params, size, seed, target: Path, report: Progress) -> dict[str, Any]:
-    from attnflow import __version__
+    from attnflow._version import provenance
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
     try:
         start = time.perf_counter()
         output = recipe.run(params, seed, tmp, report)
         result = {"name": name, "title": recipe.TITLE, "size": size, "seed": seed,
-                  "params": to_jsonable(params), "version": __version__,
+                  "params": to_jsonable(params), **provenance(),
                   "wall_time": time.perf_counter() - start, **output.to_dict()}
         (tmp / "result.json").write_text(json.dumps(result, indent=1))
         if target.exists():

@@ -634,7 +634,8 @@ def _layout(spec: SweepSpec) -> xr.Dataset:
              + f"; delta = {spec.keep.delta_scale:g} beta^-1/2; r = {spec.keep.r_scale:g} "
              "beta^-1/2 (radii capped at pi)")
     return xr.Dataset(data, coords=coords, attrs={
-        SPEC_ATTR: json.dumps(spec.record()), "radii": radii, "attnflow_version": _version()})
+        SPEC_ATTR: json.dumps(spec.record()), "radii": radii, "attnflow_version": _version(),
+        "attnflow_commit": _commit() or "unknown"})
 
 
 def _open_store(path: Path, spec: SweepSpec) -> zarr.Group:
@@ -886,3 +887,9 @@ def _version() -> str:
     from attnflow import __version__
 
     return __version__
+
+
+def _commit() -> str | None:
+    from attnflow._version import git_commit
+
+    return git_commit()

@@ -41,6 +41,8 @@ class Trajectory:
     n_evals : number of field evaluations (each over the whole batch).
     wall_time : seconds spent integrating.
     version : attnflow version that produced it.
+    commit : git commit of the attnflow source that produced it (None when unknown, e.g.
+        from an installed wheel).
     """
 
     times: np.ndarray
@@ -51,6 +53,7 @@ class Trajectory:
     n_evals: int = 0
     wall_time: float = 0.0
     version: str = field(default_factory=lambda: _version())
+    commit: str | None = field(default_factory=lambda: _commit())
 
     @property
     def batch_shape(self) -> tuple[int, ...]:
@@ -81,7 +84,7 @@ class Trajectory:
         meta, _ = self.model.to_record()
         return {"model": meta, "integrator": self.integrator, "seed": self.seed,
                 "n_evals": self.n_evals, "wall_time": self.wall_time, "version": self.version,
-                "batch_shape": list(self.batch_shape)}
+                "commit": self.commit, "batch_shape": list(self.batch_shape)}
 
     def to_xarray(self) -> xr.Dataset:
         """A Dataset with `states` on dims (time, run, token, coord) (runs flattened; the
@@ -163,6 +166,7 @@ def from_xarray(ds: xr.Dataset) -> Trajectory:
         n_evals=rec["n_evals"],
         wall_time=rec["wall_time"],
         version=rec["version"],
+        commit=rec.get("commit"),
     )
 
 
@@ -182,3 +186,9 @@ def _version() -> str:
     from attnflow import __version__
 
     return __version__
+
+
+def _commit() -> str | None:
+    from attnflow._version import git_commit
+
+    return git_commit()

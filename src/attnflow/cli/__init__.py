@@ -15,8 +15,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from attnflow._version import provenance
+
+        info = provenance()
+        typer.echo(f"attnflow {info['version']}"
+                   + (f" (git {info['commit']})" if info["commit"] else ""))
+        raise typer.Exit()
+
+
 @app.callback()
-def main() -> None:
+def main(version: bool = typer.Option(False, "--version", callback=_print_version,
+                                      is_eager=True, help="Print the version and exit.")) -> None:
     """Simulate and analyse self-attention dynamics of tokens on the sphere."""
 
 from attnflow.cli import plot as _plot  # noqa: E402,F401  (registers `plot`, `animate`)

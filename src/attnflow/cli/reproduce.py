@@ -24,6 +24,9 @@ def reproduce(
     model: Path = typer.Option(None, help="Checkpoint folder for the `spectra` recipe "
                                "(default: the MiniLM weights if installed)."),
     list_: bool = typer.Option(False, "--list", help="List the recipes and exit."),
+    set_: list[str] = typer.Option(None, "--set", help="Override one parameter of one recipe, "
+                                   "RECIPE.KEY=VALUE with VALUE in JSON (e.g. --set fig2.n=40 "
+                                   "--set 'fig2.snapshots=[0,10]'); repeatable."),
 ) -> None:
     """Run the reproduction recipes; write per-recipe figures and JSON, and
     OUT/report.md + OUT/report.html led by a claims table.
@@ -46,8 +49,15 @@ def reproduce(
     if full:
         minutes = sum(RECIPES[n].FULL_MINUTES for n in chosen if n in RECIPES)
         console.print(f"Full sizes: expect about {minutes} minutes on 2 cores.")
-    overrides = {"spectra": {"model": str(model)}} if model is not None and \
-        "spectra" in chosen else None
+    overrides: dict[str, dict] = {"spectra": {"model": str(model)}} if model is not None and \
+        "spectra" in chosen else {}
+    for item in set_ or []:
+        try:
+            name, key, value = _parse_set(item)
+        except ValueError as err:
+            console.print(f"[red]error:[/red] {err}")
+            raise typer.Exit(2) from None
+        overrides.setdefault(name, {})[key] = value
     columns = (TextColumn("{task.description:16}"), BarColumn(), TextColumn(
         "{task.percentage:>3.0f}%"), TimeElapsedColumn())
     with Progress(*columns, console=console) as bar:
@@ -72,3 +82,19 @@ def reproduce(
         table.add_row(row[0], row[1], row[3], row[4])
     console.print(table)
     console.print(f"Report: {md} and {html}")
+
+
+def _parse_set(item: str) -> tuple[str, str, object]:
+    """'RECIPE.KEY=VALUE' -> (recipe, key, value); VALUE is JSON, else taken as a string."""
+    import json
+
+    from attnflow._checks import fail
+
+    target, sep, text = item.partition("=")
+    name, dot, key = target.partition(".")
+    if not (sep and dot and name and key):
+        raise fail("--set", "RECIPE.KEY=VALUE", repr(item))
+    try:
+        return name, key, json.loads(text)
+    except json.JSONDecodeError:
+        return name, key, text
