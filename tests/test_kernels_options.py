@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import attnflow as af
 from attnflow.kernels import SUPPORTS, auto, blocked, dense, fused, get_kernel
 from attnflow.kernels.masks import mask_matrix
 from attnflow.kernels.types import Memory
@@ -188,3 +189,78 @@ def test_auto_never_picks_a_kernel_without_the_option():
         assert "bias" in SUPPORTS[name]
     assert auto.choose(ensemble, ensemble) is fused.attend
     assert auto.choose(long, long) is blocked.attend
+
+
+# ---------------------------------------------------------------- fast kernels with a bias
+def bias_kernels() -> dict:
+    out = {"fused": fused.attend, "blocked": lambda *a, **kw: blocked.attend(*a, **kw, block=7),
+           "auto": auto.attend}
+    if "bias" in SUPPORTS["torch"] and __import__("importlib").util.find_spec("torch"):
+        out["torch"] = get_kernel("torch")
+    return out
+
+
+BIAS_KERNELS = bias_kernels()
+
+
+@pytest.mark.parametrize("name", sorted(BIAS_KERNELS))
+@pytest.mark.parametrize("with_memory", [False, True])
+def test_bias_equals_dense_every_mask(name, with_memory):
+    """Random biases with -inf entries, ALiBi, and a row offset far below the others (the fast
+    kernels' fixed shift must follow each row's largest bias), on 37 runs (not a multiple of
+    fused.LANES) of 23 tokens: every kernel equals dense to 1e-12."""
+    rng = np.random.default_rng(14)
+    n = 23
+    q, k, v = inputs(rng, (37 if name in ("fused", "auto") else 3,), n)
+    mem = some_memory(rng) if with_memory else None
+    far = np.zeros((n, n))
+    far[5] = -1000.0  # row 5 shifted by far more than fused.SAFE_SPREAD
+    for spec in MASKS:
+        mask = the_mask(spec, n, rng)
+        for bias in (random_bias(rng, n), alibi(n, 0.5), far):
+            for beta in (0.0, 9.0):
+                want = dense.attend(q, k, v, beta, mask, mem, bias=bias)
+                got = BIAS_KERNELS[name](q, k, v, beta, mask, mem, bias=bias)
+                assert got.shape == want.shape and got.dtype == np.float64
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(BIAS_KERNELS))
+def test_bias_with_leading_axes_large_beta_and_float32(name):
+    rng = np.random.default_rng(15)
+    n = 17
+    q = rng.standard_normal((2, 3, n, 3))
+    k = rng.standard_normal((1, 3, n, 3))  # broadcasts over the first axis
+    v = rng.standard_normal((2, 1, n, 2))  # and over the second
+    mem = some_memory(rng, 3, 2)
+    x = q / np.linalg.norm(q, axis=-1, keepdims=True)
+    bias = random_bias(rng, n)
+    for mask in ("causal", ("window", 4), "full"):
+        want = dense.attend(q, k, v, 2.0, mask, mem, bias=bias)
+        got = BIAS_KERNELS[name](q, k, v, 2.0, mask, mem, bias=bias)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+        # beta |q| |k| beyond the safe spread: the exact row maximum, beside the bias
+        want = dense.attend(x, x, x, 400.0, mask, bias=alibi(n, 3.0))
+        got = BIAS_KERNELS[name](x, x, x, 400.0, mask, bias=alibi(n, 3.0))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    if name in ("fused", "auto"):
+        return  # float32 in fused: one more compilation (seconds); tests/test_kernels.py has it
+    x32, b32 = x.astype(np.float32), alibi(n, 0.5).astype(np.float32)
+    got = BIAS_KERNELS[name](x32, x32, x32, 9.0, "causal", bias=b32)
+    assert got.dtype == np.float32
+    assert np.abs(got - dense.attend(x, x, x, 9.0, "causal", bias=alibi(n, 0.5))).max() < 1e-5
+
+
+def test_zero_bias_is_the_plain_kernel_and_bias_keeps_causality():
+    x = af.sphere.uniform((40, 20), 2, seed=16)
+    plain = fused.attend(x, x, x, 9.0, "causal")
+    np.testing.assert_allclose(fused.attend(x, x, x, 9.0, "causal", bias=np.zeros((20, 20))),
+                               plain, rtol=0, atol=1e-13)
+    y = x.copy()
+    y[5, 12] = af.sphere.normalize(y[5, 12] + 0.3)
+    b = alibi(20, 0.25)
+    for name, kernel in BIAS_KERNELS.items():
+        changed = np.any(kernel(x, x, x, 9.0, "causal", bias=b)
+                         != kernel(y, y, y, 9.0, "causal", bias=b), axis=-1)
+        assert changed[5, 12:].all() and not changed[5, :12].any(), name
+        assert not np.delete(changed, 5, axis=0).any(), name

@@ -24,17 +24,20 @@ float64 GEMM rate, counting 2 n^2 d flops):
   wait for each other inside a block (two-thread BLAS on each block plus a threaded exp
   pass ran at half this speed, and more than ten times slower when another process kept a
   core busy);
-* no row maximum where a bound does: the scores of row i lie within B_i = beta |q_i| max_j
-  |k_j| of zero (Cauchy-Schwarz), give or take the offsets (memory log-weights). If the
-  spread of that range is below `fused.SAFE_SPREAD`, no weight that matters underflows with
-  its top as the shift, fixed from the start (softmax is shift-invariant): no rescaling, and
-  the exp pass is the only pass over S. Rows beyond it (huge beta) keep the exact running
-  maximum;
+* no row maximum where a bound does: the scores of row i are at most B_i + t_i, with
+  B_i = beta |q_i| max_j |k_j| (Cauchy-Schwarz) and t_i the largest offset (score bias,
+  memory log-weight) among the row's allowed keys, and its maximum is at least t_i - B_i.
+  If the spread 2 B_i is below `fused.SAFE_SPREAD`, no weight that matters underflows with
+  B_i + t_i as the shift, fixed from the start (softmax is shift-invariant): no rescaling,
+  and the exp pass is the only pass over S. Rows beyond it (huge beta) keep the exact
+  running maximum;
 * exp is `vexp` (vectorised by LLVM with 512-bit registers, `_simd.wide_vectors`; no
   subnormal slow path), fused with the row sums.
 
 Every mask: causal, full, ("window", w) (bands, per-row ranges inside each block) and boolean
-arrays (an additive 0 / -inf bias, block by block). Memory tokens are one more key block.
+arrays (an additive 0 / -inf bias, block by block). A float score bias (n, n) (ALiBi,
+`attnflow.kernels.options`) is added the same way, per key block. Memory tokens are one more
+key block.
 """
 
 from __future__ import annotations
@@ -52,14 +55,14 @@ from attnflow._checks import fail
 from attnflow.kernels._simd import wide_vectors
 from attnflow.kernels._threads import parallel_ranges
 from attnflow.kernels._vexp import vexp
-from attnflow.kernels.fused import SAFE_SPREAD, band
+from attnflow.kernels.fused import SAFE_SPREAD, band, row_top
 from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.options import check_options
 from attnflow.kernels.types import Memory, Normalization
 
 __all__ = ["BLOCK", "SUPPORTS", "attend"]
 
-SUPPORTS: frozenset[str] = frozenset()  # options beside softmax (`attnflow.kernels.options`)
+SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.options`)
 
 BLOCK = 256  # queries and keys per block: score blocks of 512 kB (float64) stay in L2 cache
 
@@ -143,31 +146,32 @@ def attend(
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     q, k, v = (np.broadcast_to(a, (*lead, n, a.shape[-1])) for a in (q, k, v))
     out = np.empty((*lead, n, f), dtype)
-    lo, hi, bias = band(mask, n)
+    lo, hi, bias = band(mask, n, bias)
     bias = None if bias is None else bias.astype(dtype, copy=False)
     if memory is None:
         memory = Memory(np.zeros((0, q.shape[-1])), np.zeros((0, f)), np.zeros(0))
     memory = Memory(*(np.ascontiguousarray(a, dtype) for a in memory))
+    top_offset = row_top(lo, hi, bias, memory.log_weights)
     with _blas_on_one_thread():
         for idx in np.ndindex(*lead):
             qb = np.ascontiguousarray(q[idx], dtype) * dtype.type(beta)
             out[idx] = _one_run(qb, np.ascontiguousarray(k[idx], dtype),
-                                np.ascontiguousarray(v[idx], dtype), lo, hi, bias, memory,
-                                int(block))
+                                np.ascontiguousarray(v[idx], dtype), lo, hi, bias,
+                                top_offset, memory, int(block))
     return out
 
 
-def _one_run(qb, k, v, lo, hi, bias, memory, block):
-    """Attention of one run; qb already multiplied by beta."""
+def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
+    """Attention of one run; qb already multiplied by beta; top_offset: `fused.row_top`."""
     n, f, m = qb.shape[0], v.shape[1], len(memory.v)
     dtype = qb.dtype
-    # The Cauchy-Schwarz shift of each row, or -inf where the exact maximum is needed; score
-    # offsets: 0 (a boolean mask's bias is 0 or -inf) and the memory's log-weights.
-    b_lo, b_hi = memory.log_weights.min(initial=0), memory.log_weights.max(initial=0)
+    # The Cauchy-Schwarz shift of each row, or -inf where the exact maximum is needed: row i's
+    # scores are <= bound_i + top_i and its maximum >= top_i - bound_i (top_i: the largest
+    # offset, score bias or memory log-weight, among its allowed keys).
     k_max = np.sqrt(max(np.einsum("ij,ij->i", a, a).max(initial=0) for a in (k, memory.k)))
     bound = np.sqrt(np.einsum("ij,ij->i", qb, qb)) * k_max
-    exact = 2 * bound + b_hi - b_lo > SAFE_SPREAD[dtype.type]
-    shift = np.where(exact, -np.inf, bound + b_hi).astype(dtype)
+    exact = (2 * bound > SAFE_SPREAD[dtype.type]) | (top_offset == -np.inf)
+    shift = np.where(exact, -np.inf, bound + top_offset).astype(dtype)
     out = np.empty((n, f), dtype)
     blocks = -(-n // block)
     no_bias = np.zeros((0, 0), dtype)

@@ -21,7 +21,10 @@ What makes it fast (../shared/BENCHMARKS.md):
 * tiles are shared among threads (`attnflow.kernels._threads`), both cores.
 
 Every mask: causal, full and ("window", w) as bands; boolean arrays as the band [0, n) plus
-an additive 0 / -inf bias. float64 and float32 inputs are computed in their own dtype.
+an additive 0 / -inf bias. A float score bias (n, n) (ALiBi, `attnflow.kernels.options`)
+joins that additive bias; the fixed shift then takes each row's largest allowed bias into
+account, so the bias never forces the exact-maximum pass. float64 and float32 inputs are
+computed in their own dtype.
 With fewer runs than LANES the unused lanes are wasted work: `attnflow.kernels.auto` then
 picks another kernel.
 """
@@ -41,9 +44,9 @@ from attnflow.kernels.masks import MaskSpec, mask_matrix
 from attnflow.kernels.options import check_options
 from attnflow.kernels.types import Memory, Normalization
 
-__all__ = ["LANES", "SUPPORTS", "attend", "band"]
+__all__ = ["LANES", "SUPPORTS", "attend", "band", "row_top"]
 
-SUPPORTS: frozenset[str] = frozenset()  # options beside softmax (`attnflow.kernels.options`)
+SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.options`)
 
 LANES = 32  # runs per SIMD tile
 # Largest spread of a row's scores for which the Cauchy-Schwarz bound may replace the row
@@ -54,22 +57,42 @@ LOG2E = 1.4426950408889634
 FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 
-def band(mask: MaskSpec, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """The keys each query may attend to, as a band and an optional bias.
+def band(mask: MaskSpec, n: int, bias: np.ndarray | None = None
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The keys each query may attend to, as a band and an optional additive score bias.
 
-    Returns (lo, hi, bias): query i attends to tokens j in [lo[i], hi[i]) (int64 arrays of
-    shape (n,)); bias is None for "causal", "full" and ("window", w), and for a boolean array
-    mask the (n, n) float64 matrix with 0 where allowed and -inf elsewhere (band [0, n)).
+    Returns (lo, hi, token_bias): query i attends to tokens j in [lo[i], hi[i]) (int64 arrays
+    of shape (n,)); token_bias is None for "causal", "full" and ("window", w) without a score
+    `bias`, else the (n, n) float64 matrix `bias` (0 if None) with -inf where a boolean array
+    mask forbids a key (its band is [0, n)).
     """
     i = np.arange(n, dtype=np.int64)
     if isinstance(mask, np.ndarray):
         allowed = mask_matrix(mask, n)
-        return np.zeros(n, np.int64), np.full(n, n, np.int64), np.where(allowed, 0.0, -np.inf)
+        base = np.zeros((n, n)) if bias is None else bias.astype(np.float64)
+        return np.zeros(n, np.int64), np.full(n, n, np.int64), np.where(allowed, base, -np.inf)
+    bias = None if bias is None else bias.astype(np.float64)
     if mask == "full":
-        return np.zeros(n, np.int64), np.full(n, n, np.int64), None
+        return np.zeros(n, np.int64), np.full(n, n, np.int64), bias
     if mask == "causal":
-        return np.zeros(n, np.int64), i + 1, None
-    return np.maximum(i - mask[1] + 1, 0), i + 1, None
+        return np.zeros(n, np.int64), i + 1, bias
+    return np.maximum(i - mask[1] + 1, 0), i + 1, bias
+
+
+def row_top(lo: np.ndarray, hi: np.ndarray, token_bias: np.ndarray | None,
+            log_weights: np.ndarray) -> np.ndarray:
+    """The largest score offset each query's allowed keys carry, (n,): the token bias over
+    the band [lo_i, hi_i) (0 without one) and the memory log-weights; -inf for a row with no
+    allowed key. Row i's maximum score is at least this minus beta |q_i| max_j |k_j|
+    (Cauchy-Schwarz), which bounds the spread of the kernels' fixed shifts."""
+    n = len(lo)
+    if token_bias is None:
+        top = np.where(hi > lo, 0.0, -np.inf)
+    else:
+        j = np.arange(n)
+        inside = (j >= lo[:, None]) & (j < hi[:, None])
+        top = np.max(np.where(inside, token_bias, -np.inf), axis=1, initial=-np.inf)
+    return np.maximum(top, log_weights.max(initial=-np.inf))
 
 
 @cache
@@ -80,7 +103,7 @@ def _compile(e: int, f: int, biased: bool):
     lanes = LANES
 
     @njit(nogil=True, fastmath=FASTMATH, cache=True)
-    def kernel(q, k, v, mem_k, mem_v, bias, bias_lo, bias_hi, safe, lo, hi, beta, out, acc,
+    def kernel(q, k, v, mem_k, mem_v, bias, top, safe, lo, hi, beta, out, acc,
                tile0, tile1):
         wide_vectors()
         runs, n = q.shape[0], q.shape[1]
@@ -122,19 +145,21 @@ def _compile(e: int, f: int, biased: bool):
             k_max[:] = np.sqrt(k_max)
             for i in range(n):
                 row = bias[i if bias.shape[0] > 1 else 0]
+                top_i = top[i if top.shape[0] > 1 else 0]  # the row's largest allowed bias
                 qi = qt[i]
                 width = hi[i] - lo[i]
-                # Shift: every score is <= beta |q_i| max|k_j| + max bias (Cauchy-Schwarz) and
-                # >= minus that; if the spread is small no weight that matters underflows and
-                # the bound replaces the row maximum (softmax is shift-invariant).
-                spread = zero
+                # Shift: every score is <= beta |q_i| max|k_j| + top_i (Cauchy-Schwarz), and
+                # the row maximum >= top_i minus that bound; if the spread 2 beta |q_i|
+                # max|k_j| is small no weight that matters underflows and the bound replaces
+                # the row maximum (softmax is shift-invariant).
+                spread = zero if top_i > -np.inf else np.inf  # -inf: no allowed key
                 for l in range(lanes):
                     x = zero
                     for c in range(e):
                         x += qi[c, l] * qi[c, l]
                     bound = np.sqrt(x) * k_max[l]
-                    offset[l] = -(bound + bias_hi)
-                    spread = max(spread, 2 * bound + bias_hi - bias_lo)
+                    offset[l] = -(bound + top_i)
+                    spread = max(spread, 2 * bound)
                 if spread > safe:  # rare (huge beta): one more pass for the exact row maximum
                     offset[:] = np.inf
                     for r in range(width + m):  # r: allowed tokens lo[i].., then memory
@@ -197,19 +222,22 @@ def attend(
     if memory is None:
         memory = Memory(np.zeros((0, e)), np.zeros((0, f)), np.zeros(0))
     mem_k, mem_v = (np.ascontiguousarray(a, dtype) for a in memory[:2])
-    lo, hi, mask_bias = band(mask, n)
-    # Additive score bias (rows: one per query, or one for all), columns: tokens then memory.
-    bias = np.zeros((1 if mask_bias is None else n, n + len(memory.log_weights)), dtype)
+    lo, hi, token_bias = band(mask, n, bias)
+    # Additive score bias (rows: one per query, or one for all), columns: tokens then memory;
+    # top: each row's largest allowed bias (one for all rows without a token bias).
+    bias = np.zeros((1 if token_bias is None else n, n + len(memory.log_weights)), dtype)
     bias[:, n:] = memory.log_weights
-    if mask_bias is not None:
-        bias[:, :n] = mask_bias
+    top = row_top(lo, hi, token_bias, memory.log_weights)
+    if token_bias is not None:
+        bias[:, :n] = token_bias
+    else:
+        top = top[:1]  # the same for every row (bands are never empty)
     bias *= LOG2E  # scores in base-2 units: 2^(log2(e) s) = e^s
+    top = (top * LOG2E).astype(dtype)
     out = np.empty((runs, n, f), dtype)
     if runs and n:
-        kernel = _compile(e, f, bool(mask_bias is not None or len(memory.log_weights)))
-        finite = bias[np.isfinite(bias)] if np.isfinite(bias).any() else np.zeros(1)
-        args = (runs_first(q, e), runs_first(k, e), runs_first(v, f), mem_k, mem_v, bias,
-                dtype.type(finite.min()), dtype.type(finite.max()),
+        kernel = _compile(e, f, bool(token_bias is not None or len(memory.log_weights)))
+        args = (runs_first(q, e), runs_first(k, e), runs_first(v, f), mem_k, mem_v, bias, top,
                 SAFE_SPREAD[dtype.type] * LOG2E, lo, hi, dtype.type(beta * LOG2E), out)
         tiles = -(-runs // LANES)
         def run(t0: int, t1: int) -> None:

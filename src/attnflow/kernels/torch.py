@@ -5,9 +5,9 @@
 device with it); `attend` is the numpy-in, numpy-out kernel registered as backend "torch".
 Both use `torch.nn.functional.scaled_dot_product_attention` with scale = beta: with
 ``is_causal`` for the causal and full masks without memory (torch's fused kernels then never
-hold the n x n scores), and otherwise with an additive float mask over the n + m keys (0 where
-allowed, -inf elsewhere, log a_j for the memory columns), which holds (n, n + m) numbers:
-for long sequences with such masks use the "blocked" kernel.
+hold the n x n scores), and otherwise with an additive float mask over the n + m keys (the
+score bias, or 0, where allowed, -inf elsewhere, log a_j for the memory columns), which holds
+(n, n + m) numbers: for long sequences with such masks use the "blocked" kernel.
 """
 
 from __future__ import annotations
@@ -22,21 +22,26 @@ from attnflow.kernels.types import Memory, Normalization
 
 __all__ = ["SUPPORTS", "attend", "attend_tensor"]
 
-SUPPORTS: frozenset[str] = frozenset()  # options beside softmax (`attnflow.kernels.options`)
+SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.options`)
 
 
 def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
-                  memory: Memory | None = None) -> Any:
+                  memory: Memory | None = None, bias: np.ndarray | None = None) -> Any:
     """Masked softmax attention on torch tensors q, k (..., n, e), v (..., n, f), on their
-    device and in their dtype; memory arrays are moved there. Returns (..., n, f)."""
+    device and in their dtype, with an optional (n, n) score bias (checked:
+    `attnflow.kernels.options`); memory arrays and the bias are moved there. Returns
+    (..., n, f)."""
     import torch
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    if memory is None and isinstance(mask, str):
+    if memory is None and isinstance(mask, str) and bias is None:
         return sdpa(q, k, v, is_causal=mask == "causal", scale=float(beta))
     n = q.shape[-2]
     allowed = torch.as_tensor(mask_matrix(mask, n), device=q.device)
-    bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
+    if bias is None:
+        bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
+    else:  # a copy: masked_fill_ below must not write into the caller's array
+        bias = torch.tensor(np.asarray(bias), dtype=q.dtype, device=q.device)
     bias.masked_fill_(~allowed, -torch.inf)
     if memory is not None:
         as_t = lambda a: torch.as_tensor(np.asarray(a), dtype=q.dtype, device=q.device)  # noqa: E731
@@ -66,4 +71,4 @@ def attend(
                                         normalization)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     q, k, v = (torch.from_numpy(np.ascontiguousarray(a, dtype)) for a in (q, k, v))
-    return attend_tensor(q, k, v, beta, mask, memory).numpy()
+    return attend_tensor(q, k, v, beta, mask, memory, bias).numpy()
