@@ -14,7 +14,10 @@ MODEL = af.Attention(beta=1.0)
 
 @pytest.mark.parametrize("kwargs,pattern", [
     ({"Q": np.eye(2), "V": np.eye(3)}, r"Q, K, V, memory: expected .* one dimension d"),
-    ({"Q": np.ones((3, 2))}, r"Q: expected a \(3, 3\) matrix, received an array of shape \(3, 2\)"),
+    ({"Q": np.ones((3, 2))}, r"Q, K: expected one head size e for Q \(e, d\) and K \(e, d\)"),
+    ({"Q": np.ones((3, 2)), "K": np.ones((3, 2)), "V": np.eye(3)},
+     r"Q, K, V, memory: expected matrices and memory points of one dimension d"),
+    ({"V": np.ones((3, 2))}, r"V: expected a \(2, 2\) matrix, received an array of shape \(3, 2\)"),
     ({"K": [[np.nan, 0], [0, 1]]}, r"K: expected finite entries, received 1 non-finite"),
     ({"beta": -1.0}, r"beta: expected a finite number >= 0, received -1.0"),
     ({"beta": "hot"}, r"beta: expected a finite number >= 0, received 'hot'"),
@@ -47,7 +50,7 @@ def test_model_arguments(kwargs, pattern):
     (X, {"rtol": 1e-6}, r"rtol/atol: expected None for the fixed-step method 'rk4'"),
     (X, {"save_at": [0.0, 2.0, 1.0]}, r"save_at: expected strictly increasing times"),
     (X, {"save_at": [0.5, 3.0]}, r"save_at: expected strictly increasing times in \[0, t_end"),
-    (X, {"model": "attention"}, r"model: expected an attnflow.Attention, received str"),
+    (X, {"model": "attention"}, r"model: expected an attnflow.Attention or attnflow.Stack, received str"),
 ])
 def test_simulate_arguments(x0, kwargs, pattern):
     args = {"model": MODEL, "t_end": 1.0, **kwargs}
@@ -61,7 +64,7 @@ def test_off_sphere_tokens_are_accepted_with_normalize():
 
 
 def test_mask_array_must_match_the_number_of_tokens():
-    with pytest.raises(ValueError, match=r"x0: expected n = 4 tokens to match the \(n, n\) mask"):
+    with pytest.raises(ValueError, match=r"x0: expected n = 4 tokens to match the model's \(n, n\) mask"):
         af.simulate(af.Attention(mask=np.tril(np.ones((4, 4), bool))), X, 1.0)
 
 

@@ -20,10 +20,11 @@ from attnflow._version import __version__
 # fast (scipy.stats, xarray, zarr, dask and matplotlib load only when needed).
 _ANALYSIS = (
     "RENYI_PARKING_CONSTANT", "Clusters", "classify_configuration", "cluster_count",
-    "cluster_counts", "clusters", "consumed_fraction", "default_cluster_tol",
+    "cluster_counts", "clusters", "consumed_fraction", "default_cluster_tol", "energy",
     "expected_renyi_centers_circle", "expected_strong_centers", "g", "h", "lemma51_bound",
-    "predict_configuration", "remark_b2_conditions", "renyi_centers", "strong_renyi_centers",
-    "tau_beta", "theorem52_conditions", "theorem52_max_N", "theorem52_min_beta",
+    "log_energy", "predict_configuration", "remark_b2_conditions", "renyi_centers",
+    "strong_renyi_centers", "tau_beta", "theorem52_conditions", "theorem52_max_N",
+    "theorem52_min_beta",
 )
 _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},
@@ -33,13 +34,16 @@ _SUBMODULES = ("analysis", "kernels", "plot", "pretrained", "sphere", "sweeps")
 
 # The core is imported eagerly (numpy only). `simulate` must be: the submodule of the same name
 # would otherwise shadow the function once anything imports it.
+from attnflow.brownian import BrownianPath  # noqa: E402
 from attnflow.integrate import NonFiniteStateError  # noqa: E402
 from attnflow.model import Attention  # noqa: E402
+from attnflow.positional import ALiBi, RoPE  # noqa: E402
 from attnflow.simulate import simulate  # noqa: E402
+from attnflow.stack import Stack  # noqa: E402
 from attnflow.trajectory import Trajectory, load  # noqa: E402
 
-__all__ = ["__version__", "Attention", "NonFiniteStateError", "Trajectory", "load", "simulate",
-           *sorted(_EXPORTS), *_SUBMODULES]
+__all__ = ["__version__", "ALiBi", "Attention", "BrownianPath", "NonFiniteStateError", "RoPE",
+           "Stack", "Trajectory", "load", "simulate", *sorted(_EXPORTS), *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:

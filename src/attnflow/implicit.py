@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from attnflow.sphere import normalize
+from attnflow.schemes import retract
 
 __all__ = ["IMPLICIT", "solve_implicit"]
 
@@ -37,40 +37,46 @@ def solve_implicit(
     rtol: float,
     atol: float,
     progress: Callable[[float], None] | None,
+    manifold: str = "sphere",
 ) -> tuple[np.ndarray, dict[str, int]]:
-    """States (len(times), ..., n, d) of every run of x0 (..., n, d) from times[0] = 0, and
+    """States (len(times), ..., n, d) of every run of x0 (..., n, d) from times[0], and
     the work per run, averaged over the runs and rounded up: field evaluations ("n_evals"),
     Jacobian evaluations ("n_jacobians"), steps ("n_steps"). `jacobian(x)` maps (n, d) to
     (n, d, n, d); None lets scipy estimate it by finite differences (n d extra field
     evaluations each time). `progress` receives the time reached, with the runs taken as
-    consecutive stretches of [0, times[-1]]. Raises FloatingPointError if a solver fails."""
+    consecutive stretches of [times[0], times[-1]]. Raises `NonFiniteStateError` if a state
+    or the Jacobian turns non-finite, FloatingPointError if a solver fails otherwise. States
+    are retracted onto the `manifold` ("sphere": renormalised)."""
     lead, (n, d) = x0.shape[:-2], x0.shape[-2:]
     runs = x0.reshape(-1, n, d)
     out = np.empty((len(times), len(runs), n, d))
     work = {"n_evals": 0, "n_jacobians": 0, "n_steps": 0}
     for r, x in enumerate(runs):
         where = f"run {tuple(int(i) for i in np.unravel_index(r, lead))}"
+        span = times[-1] - times[0]
         report = None if progress is None else (
-            lambda t, r=r: progress((r * times[-1] + t) / len(runs)))
+            lambda t, r=r, span=span: progress(times[0] + (r * span + t - times[0]) / len(runs)))
         out[:, r] = _one_run(field, jacobian, x, times, method, first_step, rtol, atol,
-                             work, where, report)
+                             work, where, report, manifold, lead, r)
     work = {key: math.ceil(value / len(runs)) for key, value in work.items()}
     return out.reshape(len(times), *lead, n, d), work
 
 
-def _one_run(field, jacobian, x, times, method, first_step, rtol, atol, work, where, report):
+def _one_run(field, jacobian, x, times, method, first_step, rtol, atol, work, where, report,
+             manifold, lead, r):
     """The states of one run (n, d) at `times`; adds its work to `work`."""
+    from attnflow.integrate import NonFiniteStateError
+
     n, d = x.shape
     states = np.empty((len(times), n, d))
     states[0] = x
-    t_end = float(times[-1])
-    if t_end == 0:
+    t0, t_end = float(times[0]), float(times[-1])
+    if t_end == t0:
         return states
 
     def finite(what: str, t: float, value: np.ndarray) -> np.ndarray:
         if not np.isfinite(value).all():
-            raise FloatingPointError(f"{method}: the {what} became non-finite at t = {t:.6g} "
-                                     f"in {where}")
+            raise NonFiniteStateError(t, [tuple(int(i) for i in np.unravel_index(r, lead))])
         return value
 
     def fun(t: float, y: np.ndarray) -> np.ndarray:
@@ -82,7 +88,7 @@ def _one_run(field, jacobian, x, times, method, first_step, rtol, atol, work, wh
     import scipy.integrate  # here: importing it costs 0.3 s, which `import attnflow` skips
 
     solver_class = getattr(scipy.integrate, SCIPY_NAMES[method])
-    solver = solver_class(fun, 0.0, x.ravel(), t_end, rtol=rtol, atol=atol,
+    solver = solver_class(fun, t0, x.ravel(), t_end, rtol=rtol, atol=atol,
                           jac=None if jacobian is None else jac, first_step=first_step)
     nxt = 1
     while nxt < len(times):
@@ -94,7 +100,7 @@ def _one_run(field, jacobian, x, times, method, first_step, rtol, atol, work, wh
         done = nxt + int(np.searchsorted(times[nxt:], solver.t, side="right"))
         if done > nxt:
             dense = solver.dense_output()
-            states[nxt:done] = normalize(dense(times[nxt:done]).T.reshape(-1, n, d))
+            states[nxt:done] = retract(dense(times[nxt:done]).T.reshape(-1, n, d), manifold)
             nxt = done
         if report is not None:
             report(solver.t)

@@ -1,7 +1,9 @@
-"""Integrators for tangent fields on the sphere, and the `simulate` driver.
+"""Integrators for fields on the sphere or in R^d, deterministic or noisy.
 
 The integrators know nothing about attention: they advance X (..., n, d) under any field
-F(X) tangent to the sphere at each row. Methods (``method=``):
+F(X), on a `manifold`: "sphere" (F tangent to the sphere at each row, states renormalised after
+every step: "retraction") or "euclidean" (states in R^d, no retraction; the pre- and peri-LN
+schemes). Methods (``method=``):
 
 * ``"euler"``: x <- normalize(x + dt D(x)), where D is the ambient drift whose tangent part is
   the field (for attention, the unprojected attention output; D = F when no drift is given).
@@ -13,6 +15,7 @@ F(X) tangent to the sphere at each row. Methods (``method=``):
   tangent space at the current point through the exponential map, integrated there by RK4
   and mapped back by exp. Stays on the sphere by construction (no renormalisation needed).
   Order 4. (The Runge-Kutta-Munthe-Kaas idea with the exponential chart of the sphere.)
+  Sphere only.
 * ``"dopri5"``: the adaptive Dormand-Prince 5(4) pair with error control (rtol, atol),
   renormalisation after each accepted step, and its 4th-order dense output (renormalised)
   at the requested save times. One step size for the whole batch.
@@ -22,6 +25,17 @@ F(X) tangent to the sphere at each row. Methods (``method=``):
 
 Fixed-step methods divide each interval between consecutive save times into equal steps of
 size at most dt (exactly dt when the interval is a multiple of dt).
+
+With noise (`Noise`: dX = D dt + sigma P_X dW on the sphere, dX = D dt + sigma dW in R^d, W a
+`attnflow.brownian.BrownianPath`) the steps are exactly dt on the grid k dt, and
+
+* ``"euler"`` is Euler-Maruyama followed by retraction: x <- retract(x + dt D(x) + sigma
+  P_x dW) (with sigma = 0, bit for bit the deterministic Euler step);
+* ``"geodesic"`` is its geodesic variant on the sphere: x <- exp_x(dt F(x) + sigma P_x dW).
+
+Normalising after the step supplies the Ito correction -(d - 1) sigma^2 / 2 x dt of Brownian
+motion on the sphere, so both converge to the Ito SDE on S^{d-1} whose noise is the projected
+ambient Brownian motion (strong order 1/2, measured in tests/test_noise.py).
 """
 
 from __future__ import annotations
@@ -29,22 +43,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 from numba import njit
 
 from attnflow._checks import describe, fail, finite_array, nonnegative, positive
+from attnflow.brownian import BrownianPath
 from attnflow.implicit import IMPLICIT, solve_implicit
 from attnflow.kernels._threads import parallel_ranges
 from attnflow.kernels.fused import LANES
-from attnflow.sphere import inner, normalize, project
+from attnflow.schemes import MANIFOLDS, retract
+from attnflow.sphere import exp_map, inner, normalize, project
 
 Field = Callable[[np.ndarray], np.ndarray]
 Progress = Callable[[float], None]
 
 METHODS = ("euler", "rk4", "geodesic", "dopri5", *IMPLICIT)
 FIXED_STEP = ("euler", "rk4", "geodesic")
+NOISY = ("euler", "geodesic")  # the methods that take noise
+SPHERE_ONLY = ("geodesic",)
 DEFAULT_DT = 0.05
 DEFAULT_RTOL = 1e-6
 DEFAULT_ATOL = 1e-9
@@ -63,6 +82,18 @@ class NonFiniteStateError(FloatingPointError):
         )
 
 
+@dataclass(frozen=True)
+class Noise:
+    """The noise term sigma dW of an SDE: W a Brownian path whose grid has step
+    path.dt0 / 2^level (the integrator's dt); `first_step` is the index on that grid of the
+    integrator's first step (for a run integrated in segments)."""
+
+    sigma: float
+    path: BrownianPath
+    level: int = 0
+    first_step: int = 0
+
+
 @dataclass
 class Solution:
     """What an integrator returns: states at the save times, and its work."""
@@ -76,22 +107,22 @@ class Solution:
 
 
 # ---------------------------------------------------------------------------- fixed steps
-def euler_step(field: Field, x: np.ndarray, h: float) -> np.ndarray:
-    """One Euler step followed by renormalisation."""
-    return normalize(x + h * field(x))
+def euler_step(field: Field, x: np.ndarray, h: float, manifold: str = "sphere") -> np.ndarray:
+    """One Euler step followed by retraction."""
+    return retract(x + h * field(x), manifold)
 
 
-def rk4_step(field: Field, x: np.ndarray, h: float) -> np.ndarray:
-    """One classical RK4 step on the ambient extension of the field, renormalised."""
+def rk4_step(field: Field, x: np.ndarray, h: float, manifold: str = "sphere") -> np.ndarray:
+    """One classical RK4 step on the ambient extension of the field, retracted."""
     k1 = field(x)
     k2 = field(_axpy(x, h / 2, k1))
     k3 = field(_axpy(x, h / 2, k2))
     k4 = field(_axpy(x, h, k3))
-    if _fusable(x, k1, k2, k3, k4):  # one pass instead of ten (W1's hot path)
+    if manifold == "sphere" and _fusable(x, k1, k2, k3, k4):  # one pass instead of ten (W1)
         out = np.empty_like(x)
         _rk4_finish(*(a.reshape(-1, x.shape[-1]) for a in (x, k1, k2, k3, k4, out)), h)
         return out
-    return normalize(x + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4))
+    return retract(x + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4), manifold)
 
 
 def _fusable(x: np.ndarray, *ks: np.ndarray) -> bool:
@@ -162,7 +193,8 @@ def pullback(x: np.ndarray, v: np.ndarray, y: np.ndarray, e: np.ndarray, z: np.n
     return ze * u + ortho / np.sinc(r / np.pi)
 
 
-def geodesic_step(field: Field, x: np.ndarray, h: float) -> np.ndarray:
+def geodesic_step(field: Field, x: np.ndarray, h: float, manifold: str = "sphere"
+                  ) -> np.ndarray:
     """One RK4 step in the exponential chart at x (stays on the sphere by construction)."""
 
     def chart_field(v: np.ndarray) -> np.ndarray:
@@ -180,8 +212,9 @@ def geodesic_step(field: Field, x: np.ndarray, h: float) -> np.ndarray:
 STEPPERS = {"euler": (euler_step, 1), "rk4": (rk4_step, 4), "geodesic": (geodesic_step, 4)}
 
 
-def _fixed(field, x0, times, dt, method, progress, runs_independent) -> Solution:
+def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold) -> Solution:
     step, evals_per_step = STEPPERS[method]
+    step = partial(step, manifold=manifold)
     if runs_independent and x0.ndim > 2:
         step = _by_runs(step)
     states = [x0]
@@ -221,6 +254,31 @@ def _by_runs(step):
     return stepped
 
 
+def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise) -> Solution:
+    """Euler-Maruyama (or its geodesic variant) on the grid k dt: every interval between
+    save times must be a whole number of steps (`check_noise_grid`)."""
+    states = [x0]
+    x = x0
+    s = noise.first_step
+    n_steps = 0
+    for t0, t1 in zip(times[:-1], times[1:]):
+        for i in range(round((t1 - t0) / dt)):
+            dW = noise.path.increment(s, noise.level).reshape(x.shape).astype(x.dtype)
+            if manifold == "euclidean":
+                x = x + dt * drift(x) + noise.sigma * dW
+            elif method == "euler":
+                x = normalize(x + dt * drift(x) + noise.sigma * project(x, dW))
+            else:
+                x = exp_map(x, dt * field(x) + noise.sigma * project(x, dW))
+            s += 1
+            n_steps += 1
+            _check_finite(x, t0 + (i + 1) * dt)
+            if progress is not None:
+                progress(t0 + (i + 1) * dt)
+        states.append(x)
+    return Solution(np.asarray(times), np.stack(states), n_steps, n_steps, 0)
+
+
 # ---------------------------------------------------------------------------- Dormand-Prince
 # Butcher tableau of Dormand & Prince (1980), "A family of embedded Runge-Kutta formulae",
 # J. Comput. Appl. Math. 6(1), 19-26; dense output of Shampine (1986), Math. Comp. 46, 135-150,
@@ -257,7 +315,7 @@ def _combine(coeffs, ks) -> np.ndarray:
     return out
 
 
-def _dopri5(field, x0, times, dt, rtol, atol, progress) -> Solution:
+def _dopri5(field, x0, times, dt, rtol, atol, progress, manifold) -> Solution:
     t_end = float(times[-1])
     t = float(times[0])
     x = x0
@@ -285,11 +343,11 @@ def _dopri5(field, x0, times, dt, rtol, atol, progress) -> Solution:
             while nxt < len(times) and times[nxt] <= t_new * (1 + 1e-14):
                 s = (times[nxt] - t) / h
                 q = DP_P @ np.array([s, s**2, s**3, s**4])
-                out.append(normalize(x + h * _combine(q, ks)))
+                out.append(retract(x + h * _combine(q, ks), manifold))
                 nxt += 1
-            t, x = t_new, normalize(x_new)
+            t, x = t_new, retract(x_new, manifold)
             _check_finite(x, t)
-            f = field(x)  # not FSAL after renormalisation: the field at the projected point
+            f = field(x)  # not FSAL after retraction: the field at the retracted point
             n_evals += 1
             n_steps += 1
             if progress is not None:
@@ -336,39 +394,54 @@ def integrate(
     drift: Field | None = None,
     jacobian: Callable[[np.ndarray], np.ndarray] | None = None,
     runs_independent: bool = False,
+    manifold: str = "sphere",
+    noise: Noise | None = None,
+    t0: float = 0.0,
 ) -> Solution:
-    """Advance x0 (..., n, d) from t = 0 under `field`; return the states at `times`
-    (strictly increasing, >= 0). See the module docstring for the methods; `drift` is the
+    """Advance x0 (..., n, d) from time t0 under `field`; return the states at `times`
+    (strictly increasing, >= t0). See the module docstring for the methods; `drift` is the
     ambient drift used by "euler" (default: the field itself); `jacobian` maps one run's
     state (n, d) to dF/dx (n, d, n, d) for the implicit methods (default: finite differences).
     For the implicit methods, which solve run by run, the counts are averages per run.
     `runs_independent` says the field maps each run (leading index) on its own: the
-    fixed-step methods then step shares of the runs in parallel, in cache."""
-    keep_start = times[0] == 0.0
+    fixed-step methods then step shares of the runs in parallel, in cache. `manifold` is
+    "sphere" or "euclidean"; `noise` makes it an SDE (methods in `NOISY`, steps of exactly
+    dt)."""
+    if manifold not in MANIFOLDS:
+        raise fail("manifold", f"one of {MANIFOLDS}", repr(manifold))
+    keep_start = times[0] == t0
     if not keep_start:
-        times = np.concatenate([[0.0], times])
-    if method == "euler" and drift is not None:
-        field = drift
-    sol = _solve(field, x0, times, method, dt, rtol, atol, progress, jacobian,
-                 runs_independent)
+        times = np.concatenate([[t0], times])
+    sol = _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
+                 runs_independent, manifold, noise)
     if not keep_start:
         sol.times, sol.states = sol.times[1:], sol.states[1:]
     return sol
 
 
-def _solve(field, x0, times, method, dt, rtol, atol, progress, jacobian,
-           runs_independent) -> Solution:
+def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
+           runs_independent, manifold, noise) -> Solution:
+    if manifold != "sphere" and method in SPHERE_ONLY:
+        raise fail("method", f"a method for states in R^d (not {SPHERE_ONLY})", repr(method))
+    euler_drift = drift if drift is not None else field
+    if noise is not None:
+        if method not in NOISY:
+            raise fail("method", f"one of {NOISY} with noise", repr(method))
+        return _stochastic(field, euler_drift, x0, times, DEFAULT_DT if dt is None else dt,
+                           method, progress, manifold, noise)
+    if method == "euler":
+        field = euler_drift
     if method in FIXED_STEP:
         return _fixed(field, x0, times, DEFAULT_DT if dt is None else dt, method, progress,
-                      runs_independent)
+                      runs_independent, manifold)
     rtol = DEFAULT_RTOL if rtol is None else rtol
     atol = DEFAULT_ATOL if atol is None else atol
     if method in IMPLICIT:
         states, work = solve_implicit(field, jacobian, x0, times, method, dt, rtol, atol,
-                                      progress)
+                                      progress, manifold)
         return Solution(np.asarray(times), states, work["n_evals"], work["n_steps"], 0,
                         work["n_jacobians"])
-    return _dopri5(field, x0, times, dt, rtol, atol, progress)
+    return _dopri5(field, x0, times, dt, rtol, atol, progress, manifold)
 
 
 def check_solver_args(
@@ -381,6 +454,9 @@ def check_solver_args(
     dt = None if dt is None else positive("dt", dt)
     rtol = None if rtol is None else positive("rtol", rtol)
     atol = None if atol is None else positive("atol", atol)
+    if method in IMPLICIT and dt is not None and t_end > 0 and dt > t_end:
+        raise fail("dt", f"a first step <= t_end = {t_end:g} for the implicit method "
+                   f"{method!r}", repr(dt))
     if method in FIXED_STEP and (rtol is not None or atol is not None):
         raise fail("rtol/atol", f"None for the fixed-step method {method!r} (use dt)",
                    f"rtol={rtol}, atol={atol}")

@@ -10,20 +10,26 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._checks import fail
+from attnflow._checks import describe, fail, number, positive
+from attnflow.brownian import BrownianPath
 from attnflow.implicit import IMPLICIT
-from attnflow.integrate import check_solver_args, integrate
+from attnflow.integrate import NOISY, Noise, check_solver_args, integrate
 from attnflow.model import Attention
-from attnflow.sphere import normalize as _normalize
+from attnflow.sphere import inner
+from attnflow.stack import Model, Stack, segments
 from attnflow.trajectory import Trajectory
 
-__all__ = ["simulate"]
+__all__ = ["check_seed", "simulate", "sphere_tolerance"]
 
-SPHERE_TOL = 1e-8
+
+def sphere_tolerance(dtype: Any) -> float:
+    """How far from 1 the norms of tokens "on the sphere" may be in this dtype: 1e-8 in
+    float64, 64 ulps (7.6e-6) in float32, whose unit vectors are off by ~6e-8."""
+    return max(1e-8, 64 * float(np.finfo(dtype).eps))
 
 
 def simulate(
-    model: Attention,
+    model: Model,
     x0: Any,
     t_end: float,
     save_at: Any = None,
@@ -34,56 +40,153 @@ def simulate(
     progress: bool | Callable[[float], None] = False,
     normalize: bool = False,
     seed: int | None = None,
+    noise: float | None = None,
+    brownian_dt: float | None = None,
 ) -> Trajectory:
     """Integrate the dynamics of `model` from tokens x0 up to time t_end.
 
     Parameters
     ----------
-    model : the Attention model.
-    x0 : (..., n, d) initial tokens on the sphere; leading axes are independent runs.
+    model : an `Attention` layer (acting at every time: tied weights) or a `Stack` of layers
+        (layer L on [L, L + 1), so t_end <= the number of layers).
+    x0 : (..., n, d) initial tokens; leading axes are independent runs. On the sphere for the
+        post-LN and nGPT schemes; any non-zero vectors for pre- and peri-LN (state in R^d).
     t_end : final time >= 0 (one unit of time = one layer).
     save_at : increasing save times in [0, t_end]; default 101 evenly spaced times from 0 to
-        t_end. t_end is always saved.
+        t_end (with noise: the nearest times on the step grid). t_end is always saved.
     method : "rk4" (default), "euler", "geodesic", "dopri5", or the implicit "bdf", "radau",
         "lsoda" for long horizons (see `attnflow.integrate`; these solve run by run with
-        `model.jacobian`, dense in n d: a few thousand unknowns per run at most).
+        the model's exact Jacobian where it has one, finite differences otherwise).
         "euler" steps x <- normalize(x + dt attn(x)): with dt = 1, one post-LN layer.
-    dt : step of the fixed-step methods (default 0.05); initial step for the adaptive ones.
+    dt : step of the fixed-step methods (default 0.05); initial step for the others.
     rtol, atol : tolerances of the adaptive methods (defaults 1e-6 and 1e-9).
     progress : True for a progress bar on stderr, or a callable receiving the current time.
-    normalize : project x0 onto the sphere first; otherwise x0 off the sphere by more than
-        1e-8 is an error.
-    seed : the seed x0 was drawn with, recorded in the Trajectory (not used otherwise).
+    normalize : project x0 onto the sphere first (sphere schemes); otherwise x0 off the
+        sphere by more than `sphere_tolerance` of its dtype is an error.
+    seed : the seed x0 was drawn with, recorded in the Trajectory; with noise also the key of
+        the Brownian path (then required). A non-negative int.
+    noise : sigma >= 0 for the SDE dX = F dt + sigma P_X dW on the sphere (dX = F dt +
+        sigma dW in R^d), by "euler" (Euler-Maruyama, then retraction) or "geodesic" (its
+        exponential-map variant), in steps of exactly dt. None (default): deterministic.
+    brownian_dt : the coarse step of the Brownian path (default dt); dt must be
+        brownian_dt / 2^L, and runs with L = 0, 1, 2, ... then refine one path.
 
     Returns a Trajectory with states of shape (len(save times), ..., n, d).
     Raises ValueError for bad input and `NonFiniteStateError` if a state becomes non-finite.
     """
-    if not isinstance(model, Attention):
-        raise fail("model", "an attnflow.Attention", type(model).__name__)
+    if not isinstance(model, (Attention, Stack)):
+        raise fail("model", "an attnflow.Attention or attnflow.Stack", type(model).__name__)
+    seed = check_seed(seed)
     t_end, times, dt, rtol, atol = check_solver_args(method, t_end, save_at, dt, rtol, atol)
-    x0 = model.check_tokens(x0, "x0")
-    if normalize:
-        x0 = _normalize(x0)
-    else:
-        off = float(np.max(np.abs(np.linalg.norm(x0, axis=-1) - 1.0)))
-        if off > SPHERE_TOL:
-            raise fail("x0", f"unit vectors (|norm - 1| <= {SPHERE_TOL:g}; or pass "
-                       "normalize=True)", f"norms off 1 by up to {off:.3g}")
+    if model.manifold != "sphere" and method == "geodesic":
+        raise fail("method", "a method for states in R^d (not 'geodesic', which needs the "
+                   "sphere: norm 'post' or 'ngpt')", repr(method))
+    pieces = segments(model, t_end)
+    x0 = _initial_tokens(model, x0, normalize)
+    sigma = None if noise is None else number("noise", noise, 0.0, expected="sigma >= 0")
+    path = level = None
+    if sigma is not None:
+        if method not in NOISY:
+            raise fail("method", f"one of {NOISY} with noise", repr(method))
+        if seed is None:
+            raise fail("seed", "an int with noise (the key of the Brownian path)", "None")
+        dt = 0.05 if dt is None else dt
+        level = _refinement_level(dt, brownian_dt)
+        times = _on_grid(times, dt, save_at is None, [b for _, b, _ in pieces])
+        runs = int(np.prod(x0.shape[:-2], dtype=int))
+        path = BrownianPath(seed, runs, x0.shape[-2:], dt * 2**level)
     with _progress(progress, t_end) as report:
         start = time.perf_counter()
-        # One kernel for the whole simulation (chosen for the batch, or for one run where
-        # the implicit methods solve run by run).
-        kernel = model.kernel_for(x0 if method not in IMPLICIT else x0[(0,) * (x0.ndim - 2)])
-        sol = integrate(partial(model.tangent_field, kernel=kernel), x0, times, method, dt,
-                        rtol, atol, report, drift=partial(model.attention_output, kernel=kernel),
-                        jacobian=model.jacobian, runs_independent=True)
+        states, work = _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report,
+                                         model.manifold, sigma, path, level)
         wall = time.perf_counter() - start
     integrator = {"method": method, "dt": dt, "rtol": rtol, "atol": atol,
-                  "n_steps": sol.n_steps, "n_rejected": sol.n_rejected}
+                  "n_steps": work["n_steps"], "n_rejected": work["n_rejected"]}
     if method in IMPLICIT:
-        integrator["n_jacobians"] = sol.n_jacobians
-    return Trajectory(times=sol.times, states=sol.states, model=model, integrator=integrator,
-                      seed=seed, n_evals=sol.n_evals, wall_time=wall)
+        integrator["n_jacobians"] = work["n_jacobians"]
+    if sigma is not None:
+        integrator["noise"] = sigma
+        integrator["brownian_dt"] = dt * 2**level
+    return Trajectory(times=times, states=states, model=model, integrator=integrator,
+                      seed=seed, n_evals=work["n_evals"], wall_time=wall)
+
+
+def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifold, sigma,
+                      path, level) -> tuple[np.ndarray, dict[str, int]]:
+    """Integrate layer by layer, each piece with its own field, saving at `times`."""
+    x = x0
+    saved = [x0] if times[0] == 0 else []
+    work = dict.fromkeys(("n_evals", "n_steps", "n_rejected", "n_jacobians"), 0)
+    for a, b, layer in pieces:
+        inside = times[(times > a) & (times <= b)]
+        stops = inside if inside.size and inside[-1] == b else np.append(inside, b)
+        if b == a:
+            continue
+        # One kernel for the whole piece (chosen for the batch, or for one run where the
+        # implicit methods solve run by run).
+        kernel = layer.kernel_for(x if method not in IMPLICIT else x[(0,) * (x.ndim - 2)])
+        noise = None if sigma is None else Noise(sigma, path, level, round(a / dt))
+        sol = integrate(partial(layer.tangent_field, kernel=kernel), x, stops, method, dt,
+                        rtol, atol, report, drift=partial(layer.drift, kernel=kernel),
+                        jacobian=layer.jacobian if layer.has_exact_jacobian else None,
+                        runs_independent=True, manifold=manifold, noise=noise, t0=a)
+        saved.extend(sol.states[: len(inside)])
+        x = sol.states[-1]
+        for key in work:
+            work[key] += getattr(sol, key)
+    return np.stack(saved), work
+
+
+def _initial_tokens(model: Model, x0: Any, normalize: bool) -> np.ndarray:
+    """x0 checked for the model: unit vectors on the sphere (or normalised), non-zero in R^d."""
+    x0 = model.check_tokens(x0, "x0")
+    norms = np.sqrt(inner(x0, x0))[..., 0]
+    if model.manifold == "euclidean" or normalize:
+        if np.any(norms == 0):
+            where = np.argwhere(norms == 0)[0]
+            raise fail("x0", "non-zero token vectors (their directions are what attention "
+                       "reads)", f"a zero vector at index {tuple(int(i) for i in where)}")
+        return x0 / norms[..., None] if normalize else x0
+    tol = sphere_tolerance(x0.dtype)
+    off = float(np.max(np.abs(norms - 1.0)))
+    if off > tol:
+        raise fail("x0", f"unit vectors (|norm - 1| <= {tol:.2g} in {x0.dtype}; or pass "
+                   "normalize=True)", f"norms off 1 by up to {off:.3g}")
+    return x0
+
+
+def check_seed(seed: Any) -> int | None:
+    """A seed: None or a non-negative int (numpy integers accepted, returned as int)."""
+    if seed is None:
+        return None
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise fail("seed", "a non-negative int or None", repr(seed))
+    return int(seed)
+
+
+def _refinement_level(dt: float, brownian_dt: Any) -> int:
+    """L with dt = brownian_dt / 2^L (0 without brownian_dt)."""
+    if brownian_dt is None:
+        return 0
+    coarse = positive("brownian_dt", brownian_dt)
+    ratio = coarse / dt
+    level = round(np.log2(ratio)) if ratio >= 1 else -1
+    if level < 0 or abs(ratio - 2.0**level) > 1e-9 * ratio:
+        raise fail("brownian_dt", f"dt times a power of 2 (dt = {dt:g})", repr(brownian_dt))
+    return level
+
+
+def _on_grid(times: np.ndarray, dt: float, default: bool, bounds: list[float]) -> np.ndarray:
+    """Save times on the noise grid k dt: the default times snapped to it; given times (and
+    t_end, and layer boundaries) must lie on it."""
+    steps = times / dt
+    if default:
+        return np.unique(np.round(steps)) * dt if times[-1] > 0 else times
+    for t in np.concatenate([times, bounds]):
+        if abs(t / dt - round(t / dt)) > 1e-9 * max(1.0, t / dt):
+            raise fail("save_at", f"times on the step grid k dt (dt = {dt:g}) with noise",
+                       describe(t))
+    return np.round(steps) * dt
 
 
 @contextlib.contextmanager

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow.model import Attention
+from attnflow._files import atomic_path, consolidating
+from attnflow.stack import Model, model_from_record
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -34,8 +33,10 @@ class Trajectory:
     Attributes
     ----------
     times : (T,) save times (time units: one unit = one layer).
-    states : (T, ..., n, d) token positions at those times; the leading ... are runs.
-    model : the Attention model that was integrated.
+    states : (T, ..., n, d) token states at those times; the leading ... are runs. On the
+        sphere for the post-LN and nGPT schemes, in R^d for pre- and peri-LN (see
+        `directions`).
+    model : the model that was integrated (an Attention layer or a Stack of layers).
     integrator : method and settings (method, dt, rtol, atol, steps, rejected steps).
     seed : the seed of the initial tokens when they were drawn by attnflow, else None.
     n_evals : number of field evaluations (each over the whole batch).
@@ -47,7 +48,7 @@ class Trajectory:
 
     times: np.ndarray
     states: np.ndarray
-    model: Attention
+    model: Model
     integrator: dict[str, Any]
     seed: int | None = None
     n_evals: int = 0
@@ -71,6 +72,21 @@ class Trajectory:
         return self.states.shape[-1]
 
     @property
+    def directions(self) -> np.ndarray:
+        """The token directions x / |x| (T, ..., n, d): the states themselves on the sphere;
+        what analysis functions (clusters, Rényi centers) take for pre- and peri-LN runs."""
+        if self.model.manifold == "sphere":
+            return self.states
+        from attnflow.schemes import directions
+
+        return directions(self.states)
+
+    @property
+    def radii(self) -> np.ndarray:
+        """The token norms |x| (T, ..., n): 1 on the sphere, growing under pre-LN."""
+        return np.linalg.norm(self.states, axis=-1)
+
+    @property
     def final(self) -> np.ndarray:
         """States at the last save time, (..., n, d)."""
         return self.states[-1]
@@ -78,6 +94,22 @@ class Trajectory:
     def at(self, t: float) -> np.ndarray:
         """States at the saved time closest to t, (..., n, d)."""
         return self.states[int(np.argmin(np.abs(self.times - t)))]
+
+    def energy(self, beta: float | None = None, log: bool = False) -> np.ndarray:
+        """The interaction energy E_beta of the token directions at every saved time, (T, ...)
+        (`attnflow.analysis.energy`; its logarithm when `log`, finite at any beta).
+        beta defaults to the model's; Q and K are those of the model's single head (positional
+        encodings and biases are not part of E_beta)."""
+        from attnflow.analysis.energy import energy, log_energy
+        from attnflow.model import Attention
+
+        if not isinstance(self.model, Attention) or len(self.model.heads) != 1:
+            raise fail("model", "an Attention with one head (E_beta takes one Q, K; call "
+                       "attnflow.energy(traj.directions, beta, Q, K) otherwise)",
+                       repr(self.model))
+        Q, K, _ = self.model.heads[0]
+        beta = self.model.beta if beta is None else beta
+        return (log_energy if log else energy)(self.directions, beta, Q, K)
 
     def record(self) -> dict[str, Any]:
         """Everything but the arrays, as JSON-friendly data."""
@@ -97,12 +129,8 @@ class Trajectory:
         data = {"states": (("time", "run", "token", "coord"), self.states.reshape(T, runs, n, d))}
         _, arrays = self.model.to_record()
         for name, arr in arrays.items():
-            if name == "memory_points":
-                data[name] = (("memory", "coord"), arr)
-            elif name == "memory_weights":
-                data[name] = (("memory",), arr)
-            else:
-                data[name] = (("row", "col"), arr)
+            # Dimensions of their own: heads may be rectangular, layers differ in shape.
+            data[name] = (tuple(f"{name}_dim{i}" for i in range(arr.ndim)), arr)
         return xr.Dataset(
             data,
             coords={"time": self.times, "run": np.arange(runs), "token": np.arange(n),
@@ -117,22 +145,23 @@ class Trajectory:
         kind = FORMATS.get(path.suffix)
         if kind is None:
             raise fail("path", f"a file name ending in one of {sorted(FORMATS)}", str(path))
-        path.parent.mkdir(parents=True, exist_ok=True)
         ds = self.to_xarray()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)) / path.name
-        try:
+        with atomic_path(path) as tmp:
             if kind == "netcdf":
                 ds.to_netcdf(tmp, engine="h5netcdf")
             else:
-                ds.to_zarr(tmp, mode="w", consolidated=False)
-            _replace(tmp, path)
-        finally:
-            shutil.rmtree(tmp.parent, ignore_errors=True)
+                with consolidating():
+                    ds.to_zarr(tmp, mode="w", consolidated=True)
         return path
 
 
 def load(path: str | os.PathLike) -> Trajectory:
-    """Read a Trajectory written by `Trajectory.save` (netCDF or Zarr)."""
+    """Read a Trajectory written by `Trajectory.save` (netCDF or Zarr).
+
+    Raises FileNotFoundError for a missing path and ValueError naming the file for anything
+    else that is not such a run (an unreadable or corrupted file, another dataset, a sweep
+    store).
+    """
     path = Path(path)
     kind = FORMATS.get(path.suffix)
     if kind is None:
@@ -141,20 +170,39 @@ def load(path: str | os.PathLike) -> Trajectory:
         raise FileNotFoundError(f"path: no trajectory at {path}")
     import xarray as xr
 
-    if kind == "netcdf":
-        with xr.open_dataset(path, engine="h5netcdf") as ds:
-            ds = ds.load()
-    else:
-        with xr.open_zarr(path, consolidated=False) as ds:
-            ds = ds.load()
-    return from_xarray(ds)
+    expected = f"a run written by attnflow (Trajectory.save, attnflow simulate) as {kind}"
+    try:
+        if kind == "netcdf":
+            with xr.open_dataset(path, engine="h5netcdf") as ds:
+                ds = ds.load()
+        else:
+            with xr.open_zarr(path, consolidated=False) as ds:
+                ds = ds.load()
+    except Exception as err:  # any reader failure: not a readable file of this kind
+        raise fail("path", expected, f"{path}, which cannot be read ({_first_line(err)})"
+                   ) from None
+    if "attnflow" not in ds.attrs:
+        what = ("a sweep store (open it with xarray.open_zarr)" if "attnflow_sweep" in ds.attrs
+                else "a dataset without the 'attnflow' record")
+        raise fail("path", expected, f"{path}, {what}")
+    try:
+        return from_xarray(ds)
+    except (KeyError, TypeError, ValueError) as err:
+        raise fail("path", expected, f"{path}, whose record does not match its data "
+                   f"({_first_line(err)})") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """The exception as 'Type: first line of its message' (for one-line error messages)."""
+    text = str(err).strip().splitlines()
+    return type(err).__name__ + (f": {text[0]}" if text else "")
 
 
 def from_xarray(ds: xr.Dataset) -> Trajectory:
     """Inverse of `Trajectory.to_xarray`."""
     rec = json.loads(ds.attrs["attnflow"])
     arrays = {name: ds[name].values for name in ds.data_vars if name != "states"}
-    model = Attention.from_record(rec["model"], arrays)
+    model = model_from_record(rec["model"], arrays)
     states = ds["states"].values
     T, _, n, d = states.shape
     return Trajectory(
@@ -168,18 +216,6 @@ def from_xarray(ds: xr.Dataset) -> Trajectory:
         version=rec["version"],
         commit=rec.get("commit"),
     )
-
-
-def _replace(src: Path, dst: Path) -> None:
-    """Move src onto dst; a directory store replaces the old one only once src is complete."""
-    if src.is_dir() and dst.exists():
-        old = dst.with_name(f".{dst.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dst, old)
-        os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dst)
 
 
 def _version() -> str:

@@ -1,0 +1,222 @@
+"""Positional encodings of the attention scores (docs/science.md §6).
+
+Token k of a sequence sits at position m_k = k + offset (indices from 0). An encoding changes
+the scores of one head in one of two ways, and only those:
+
+* it rotates queries and keys alike by their positions (`RoPE`): score(i, j) = beta <R_{m_i} q_i,
+  R_{m_j} k_j>, which depends on the positions only through m_i - m_j;
+* it adds a bias to the scores (`ALiBi`, `ScoreBias`): score(i, j) = beta <q_i, k_j> + b_ij.
+
+Every encoding is a small frozen dataclass with `rotate(x, positions)` (identity when it
+does not rotate), `bias(n, head, n_heads)` (None when it adds nothing), and a JSON record.
+A new encoding is one more class here registered in `ENCODINGS`; the model composes them
+without knowing which they are. Memory tokens (fixed keys) have no position: they are never
+rotated nor biased.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from attnflow._checks import describe, fail, finite_array, number, positive
+
+__all__ = ["ALiBi", "ENCODINGS", "Encoding", "RoPE", "ScoreBias", "encoding_from_record"]
+
+PAIRINGS = ("halves", "adjacent")
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """Base class: an encoding that changes nothing (see the module docstring)."""
+
+    kind: ClassVar[str] = ""
+    adds_bias: ClassVar[bool] = False  # True when `bias` returns an array
+
+    def check(self, head_size: int | None, n_heads: int) -> None:
+        """Raise ValueError if the encoding cannot act on heads of this size (None: not known
+        yet) and number."""
+
+    def rotate(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Queries or keys (..., n, e) after the encoding, for tokens at `positions` (n,)
+        (queries and keys are rotated alike)."""
+        return x
+
+    def bias(self, n: int, head: int, n_heads: int) -> np.ndarray | None:
+        """The additive (n, n) score bias of one head (None: no bias)."""
+        return None
+
+    def to_record(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """A JSON-friendly description and named arrays (see `encoding_from_record`)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class RoPE(Encoding):
+    """Rotary position embedding (Su et al.): pair p of a head's coordinates is rotated by the
+    angle m omega_p at position m, with omega_p = base^(-2p/e) for head size e.
+
+    base : > 0 (10000 in most models; 1e5 in SmolLM2). Pair 0 turns at frequency 1 for every
+        base, so base -> infinity does not give back the plain model: it leaves that pair.
+    pairing : "halves" pairs coordinates (p, p + e/2) (Hugging Face LLaMA weights);
+        "adjacent" pairs (2p, 2p + 1) (GGUF files, whose converter permutes W_Q and W_K rows).
+    offset : the position of the first token (positions are offset, offset + 1, ...).
+    """
+
+    base: float = 10000.0
+    pairing: str = "halves"
+    offset: float = 0.0
+    kind: ClassVar[str] = "rope"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", positive("rope.base", self.base))
+        if self.pairing not in PAIRINGS:
+            raise fail("rope.pairing", f"one of {PAIRINGS}", repr(self.pairing))
+        object.__setattr__(self, "offset", number("rope.offset", self.offset))
+
+    def check(self, head_size: int | None, n_heads: int) -> None:
+        if head_size is not None and head_size % 2:
+            raise fail("rope", "heads of even size (RoPE rotates pairs of coordinates)",
+                       f"head size {head_size}")
+
+    def frequencies(self, head_size: int) -> np.ndarray:
+        """omega_p = base^(-2p/e), p = 0 .. e/2 - 1."""
+        return self.base ** (-2.0 * np.arange(head_size // 2) / head_size)
+
+    def rotate(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        angles = (positions + self.offset)[:, None] * self.frequencies(x.shape[-1])
+        cos, sin = np.cos(angles), np.sin(angles)  # (n, e/2)
+        half = x.shape[-1] // 2
+        if self.pairing == "halves":
+            a, b = x[..., :half], x[..., half:]
+        else:
+            a, b = x[..., 0::2], x[..., 1::2]
+        ra, rb = a * cos - b * sin, a * sin + b * cos
+        if self.pairing == "halves":
+            return np.concatenate([ra, rb], axis=-1)
+        return np.stack([ra, rb], axis=-1).reshape(x.shape)
+
+    def to_record(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        return {"kind": self.kind, "base": self.base, "pairing": self.pairing,
+                "offset": self.offset}, {}
+
+
+@dataclass(frozen=True)
+class ALiBi(Encoding):
+    """Attention with linear biases (Press et al.): b_ij = -lambda_h |i - j| for head h (for
+    causal masks only j <= i is seen, so this is -lambda_h (i - j) there).
+
+    slopes : None for the default slopes lambda_h = 2^(-8 h / H), h = 1..H for H heads; one
+        number >= 0 for every head; or a sequence of H numbers >= 0. Slope 0 is the plain model.
+    """
+
+    slopes: float | tuple[float, ...] | None = None
+    kind: ClassVar[str] = "alibi"
+    adds_bias: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        s = self.slopes
+        if s is None:
+            return
+        if isinstance(s, (int, float, np.integer, np.floating)) and not isinstance(s, bool):
+            object.__setattr__(self, "slopes", number("alibi", s, 0.0,
+                                                      expected="slopes >= 0"))
+            return
+        arr = finite_array("alibi", s, ndim=1, dtype=float)
+        if arr.size == 0 or np.any(arr < 0):
+            raise fail("alibi", "one slope >= 0 or a non-empty sequence of slopes >= 0",
+                       describe(arr))
+        object.__setattr__(self, "slopes", tuple(float(v) for v in arr))
+
+    def slope(self, head: int, n_heads: int) -> float:
+        """lambda of head `head` (0-based) among n_heads."""
+        if self.slopes is None:
+            return 2.0 ** (-8.0 * (head + 1) / n_heads)
+        if isinstance(self.slopes, tuple):
+            return self.slopes[head]
+        return self.slopes
+
+    def check(self, head_size: int | None, n_heads: int) -> None:
+        if isinstance(self.slopes, tuple) and len(self.slopes) != n_heads:
+            raise fail("alibi", f"{n_heads} slopes (one per head)",
+                       f"{len(self.slopes)} slopes")
+
+    def bias(self, n: int, head: int, n_heads: int) -> np.ndarray | None:
+        i = np.arange(n, dtype=float)
+        return -self.slope(head, n_heads) * np.abs(i[:, None] - i[None, :])
+
+    def to_record(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        slopes = list(self.slopes) if isinstance(self.slopes, tuple) else self.slopes
+        return {"kind": self.kind, "slopes": slopes}, {}
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreBias(Encoding):
+    """Any additive score bias, one (n, n) float array shared by every head (entries may be
+    -inf: a key the query may not see). Fixes the number of tokens to n."""
+
+    matrix: np.ndarray = None  # type: ignore[assignment]
+    kind: ClassVar[str] = "bias"
+    adds_bias: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        try:
+            arr = np.array(self.matrix, dtype=float)
+        except (TypeError, ValueError):
+            raise fail("bias", "a float (n, n) array", repr(self.matrix)) from None
+        if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.shape[0] == 0:
+            raise fail("bias", "a float (n, n) array", describe(arr))
+        if np.isnan(arr).any() or np.isposinf(arr).any():
+            raise fail("bias", "finite entries or -inf", f"NaN or +inf in {describe(arr)}")
+        arr.setflags(write=False)
+        object.__setattr__(self, "matrix", arr)
+
+    @property
+    def n(self) -> int:
+        return self.matrix.shape[0]
+
+    def bias(self, n: int, head: int, n_heads: int) -> np.ndarray | None:
+        if n != self.n:
+            raise fail("X", f"n = {self.n} tokens to match the (n, n) bias", f"n = {n}")
+        return self.matrix
+
+    def to_record(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        return {"kind": self.kind}, {"bias": self.matrix}
+
+
+ENCODINGS: dict[str, type[Encoding]] = {cls.kind: cls for cls in (RoPE, ALiBi, ScoreBias)}
+
+
+def as_rope(value: Any) -> RoPE | None:
+    """A RoPE from a RoPE, a base (number) or None."""
+    if value is None or isinstance(value, RoPE):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise fail("rope", "an attnflow.RoPE, a base > 0 or None", repr(value))
+    return RoPE(base=float(value))
+
+
+def as_alibi(value: Any) -> ALiBi | None:
+    """An ALiBi from an ALiBi, slope(s) or None."""
+    if value is None or isinstance(value, ALiBi):
+        return value
+    if isinstance(value, str):
+        raise fail("alibi", "an attnflow.ALiBi, a slope >= 0, a sequence of slopes or None",
+                   repr(value))
+    return ALiBi(value if np.ndim(value) == 0 else tuple(np.asarray(value, dtype=float)))
+
+
+def encoding_from_record(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Encoding:
+    """Inverse of `Encoding.to_record`."""
+    kind = meta["kind"]
+    if kind == "rope":
+        return RoPE(meta["base"], meta["pairing"], meta["offset"])
+    if kind == "alibi":
+        s = meta["slopes"]
+        return ALiBi(tuple(s) if isinstance(s, list) else s)
+    if kind == "bias":
+        return ScoreBias(arrays["bias"])
+    raise fail("record", f"a positional encoding among {sorted(ENCODINGS)}", repr(kind))
+
