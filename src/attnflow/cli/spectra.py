@@ -25,8 +25,8 @@ def parse_layers(text: str | None) -> list[int] | None:
 @app.command()
 def spectra(
     model_dir: Path = typer.Argument(..., help="Hugging Face checkpoint directory (config.json "
-                                     "and model.safetensors or pytorch_model.bin); read "
-                                     "offline."),
+                                     "and model.safetensors or pytorch_model.bin), or a "
+                                     "LLaMA GGUF file (MODEL.gguf); read offline."),
     out: Path = typer.Option(Path("spectra"), "--out", "-o", help="Output directory."),
     layers: str = typer.Option(None, help="Comma-separated layer indices (default: every "
                                "distinct set of weights; one per group for ALBERT)."),
@@ -56,6 +56,8 @@ def spectra(
         print(f"{label:34s}{p[key]:>14.4g}{g[key]:>14.4g}")
     negative = ", ".join(f"L{layer} H{head}" for layer, head in p["negative_heads"]) or "none"
     print(f"negative heads    {negative}")
+    if summary["note"]:
+        print(f"note              {summary['note']}")
     print(f"written           {', '.join(str(Path(out) / f) for f in summary['files'])}")
 
 

