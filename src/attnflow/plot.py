@@ -20,7 +20,6 @@ the nearest saved time and the picture is labelled with the time actually shown.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from matplotlib.colors import LinearSegmentedColormap, LogNorm, Normalize
 from matplotlib.figure import Figure
 
 from attnflow._checks import fail, positive
+from attnflow._files import atomic_path
 from attnflow.analysis import (
     Clusters,
     cluster_count,
@@ -861,19 +861,12 @@ def animate(
     idx = idx[np.floor(np.linspace(0, len(idx) - 1, frames) + 0.5).astype(int)]
     X = _finite("traj", X[idx], times[idx])
     images = _render(traj, X, times[idx], view, basis, int(size))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    try:
-        (_write_gif if path.suffix == ".gif" else _write_mp4)(Path(tmp), images, fps)
+    with atomic_path(path) as tmp:
+        (_write_gif if path.suffix == ".gif" else _write_mp4)(tmp, images, fps)
         written = os.path.getsize(tmp)
         if written > max_bytes:
             raise fail("max_bytes", f"room for the movie (it takes {written} bytes; use fewer "
                        "frames or a smaller size)", max_bytes)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return path
 
 

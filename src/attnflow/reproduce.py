@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from attnflow._checks import fail
+from attnflow._files import atomic_path
 from attnflow.experiments import RECIPES
 from attnflow.experiments._recipe import Progress, to_jsonable
 
@@ -81,19 +80,14 @@ def reproduce(
 def _run_one(name, recipe, params, size, seed, target: Path, report: Progress) -> dict[str, Any]:
     from attnflow._version import provenance
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
-    try:
+    with atomic_path(target) as tmp:
+        tmp.mkdir()
         start = time.perf_counter()
         output = recipe.run(params, seed, tmp, report)
         result = {"name": name, "title": recipe.TITLE, "size": size, "seed": seed,
                   "params": to_jsonable(params), **provenance(),
                   "wall_time": time.perf_counter() - start, **output.to_dict()}
         (tmp / "result.json").write_text(json.dumps(result, indent=1))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return result
 
 

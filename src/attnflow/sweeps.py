@@ -21,6 +21,12 @@ The spec (a TOML file, or the same nested mapping in Python)::
     dt = 0.05                   # step (fixed-step methods), first step (dopri5)
     rtol = 1e-6                 # dopri5 only (ignored by fixed-step methods); also atol
     backend = "auto"            # attention kernel (attnflow.kernels; default: Attention's)
+    norm = ["post", "pre"]      # the model family (attnflow.textspec): post | pre | peri | ngpt
+    alpha = 0.2                 #   nGPT's step
+    attention = "softmax"       #   softmax | unnormalised | sinkhorn[:IT]
+    rope = "none"               #   none | BASE[:halves|adjacent[:OFFSET]]
+    alibi = "none"              #   none | default | S | S1,S2,...
+    noise = 0.1                 #   sigma: Euler-Maruyama (method euler or geodesic)
     t_end = 50                  # one number: all runs share the time axis        (required)
     save_at = [0, 10, 50]       # save times, or a count of evenly spaced times from 0 to t_end
     seeds = 8                   # a count (seeds 0..7) or a list of seed indices  (required)
@@ -77,7 +83,6 @@ import itertools
 import json
 import math
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -90,6 +95,7 @@ import xarray as xr
 import zarr
 
 from attnflow._checks import fail
+from attnflow._files import atomic_path, consolidating
 from attnflow.analysis import (
     cluster_count,
     consumed_fraction,
@@ -180,6 +186,16 @@ def _mask_text(name: str, v: Any) -> str:
     return v.strip()
 
 
+def _family_text(option: str) -> Callable[[str, Any], str]:
+    """A checker of one of the model family's text options (`attnflow.textspec`)."""
+
+    def check(name: str, v: Any) -> str:
+        family_options(**{option: _text(name, v)}, names={option: name})
+        return v.strip()
+
+    return check
+
+
 # Grid fields that may be axes, in the order of the store's dims: parser, default.
 AXES: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "beta": (_real(0, strict=False), ...),
@@ -194,6 +210,12 @@ AXES: dict[str, tuple[Callable[[str, Any], Any], Any]] = {
     "rtol": (_real(0, strict=True), None),
     "atol": (_real(0, strict=True), None),
     "backend": (_backend, None),
+    "norm": (_family_text("norm"), "post"),
+    "alpha": (_real(0, strict=True), 0.2),
+    "attention": (_family_text("attention"), "softmax"),
+    "rope": (_family_text("rope"), "none"),
+    "alibi": (_family_text("alibi"), "none"),
+    "noise": (_real(0, strict=False), None),
 }
 GRID_FIELDS = (*AXES, "t_end", "save_at", "seeds")
 KEEP_FIELDS = ("metrics", "states", "cluster_tol", "delta_scale", "r_scale")
@@ -305,7 +327,9 @@ def load_spec(path: str | os.PathLike) -> SweepSpec:
             raw = tomllib.load(f)
     except FileNotFoundError:
         raise fail("spec", "an existing TOML file", str(path)) from None
-    except tomllib.TOMLDecodeError as err:
+    except OSError as err:
+        raise fail("spec", "a readable TOML file", f"{path} ({err.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise fail("spec", "valid TOML", f"{path}: {err}") from None
     return parse_spec(raw, base=path.parent)
 
@@ -571,7 +595,9 @@ def _prepare(task: Task, seed: int) -> tuple[np.ndarray, Attention]:
                 else matrix_from_spec(p[name], p["d"], name, stream(name))
                 for name in ("Q", "K", "V")}
     backend = {} if p["backend"] is None else {"backend": p["backend"]}
-    model = Attention(**matrices, beta=p["beta"], mask=mask_from_text(p["mask"]), **backend)
+    family = family_options(p["norm"], p["alpha"], p["attention"], p["rope"], p["alibi"])
+    model = Attention(**matrices, beta=p["beta"], mask=mask_from_text(p["mask"]), **backend,
+                      **family)
     return uniform(p["n"], p["d"], np.random.default_rng(stream("x0"))), model
 
 
@@ -641,15 +667,12 @@ def _layout(spec: SweepSpec) -> xr.Dataset:
 def _open_store(path: Path, spec: SweepSpec) -> zarr.Group:
     """Create the store atomically, or check that the existing one holds this sweep."""
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
-            chunks = (*(1 for _ in spec.axes), spec.batch)
-            _layout(spec).to_zarr(tmp / path.name, mode="w", compute=False, consolidated=False,
+        # Consolidated metadata (xarray opens the store without a warning): the layout is
+        # final here, tasks only ever write array chunks.
+        chunks = (*(1 for _ in spec.axes), spec.batch)
+        with atomic_path(path) as tmp, consolidating():
+            _layout(spec).to_zarr(tmp, mode="w", compute=False, consolidated=True,
                                   encoding={"error": {"chunks": chunks}})
-            os.replace(tmp / path.name, path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     try:
         group = zarr.open_group(path, mode="r+")
         held = json.loads(group.attrs[SPEC_ATTR])

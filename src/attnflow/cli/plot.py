@@ -5,10 +5,12 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 
+import numpy as np
 import typer
-from rich.console import Console
 
+from attnflow._checks import fail
 from attnflow.cli import app
+from attnflow.cli._options import output_path, renamed
 
 
 class Kind(str, Enum):
@@ -19,6 +21,10 @@ class Kind(str, Enum):
     timeseries = "timeseries"
     attention = "attention"
 
+
+# The library's names for what these commands' options and argument give it.
+NAMES = {"traj": "RUN_FILE", "run": "--run", "t": "--t",
+         "frames": "--frames", "fps": "--fps", "size": "--size"}
 
 RUN_FILE = typer.Argument(..., help="A run written by `attnflow simulate` (.nc or .zarr).",
                           exists=True)
@@ -37,16 +43,22 @@ def plot(
     dpi: int = typer.Option(200, min=10, help="Resolution of raster images."),
 ) -> None:
     """Draw one picture of a saved run and write it to an image file."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
     from attnflow import plot as pictures
+    from attnflow._files import atomic_path
     from attnflow.trajectory import load
 
-    console = Console(stderr=True)
-    try:
+    output_path("--out", out, sorted(f".{k}" for k in FigureCanvasBase.get_supported_filetypes()))
+    times = list(t or [])
+    if not all(np.isfinite(times)):
+        raise fail("--t", "finite times", times)
+    with renamed(**NAMES, path="RUN_FILE"):
         traj = load(run_file)
-        chosen = kind.value if kind is not Kind.auto else ("circle" if traj.d == 2 else "sphere")
-        times = list(t or [])
+        chosen = kind.value if kind is not Kind.auto else \
+            ("circle" if traj.d == 2 else "sphere")
         if len(times) > 1 and chosen != "circle":
-            raise ValueError(f"--t: expected one time for --kind {chosen}, received {times}")
+            raise fail("--t", f"one time for --kind {chosen}", times)
         one = times[0] if times else None
         if chosen == "circle":
             fig = pictures.plot_circle(traj, times or None, run=run or 0)
@@ -58,11 +70,8 @@ def plot(
             fig = pictures.plot_timeseries(traj, run=run)
         else:
             fig = pictures.plot_attention(traj, one, run=run or 0)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=dpi)
-    except ValueError as err:
-        console.print(f"[red]error:[/red] {err}")
-        raise typer.Exit(2) from None
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=out.suffix[1:])
     print(f"written {out}")
 
 
@@ -80,10 +89,9 @@ def animate(
     from attnflow import plot as pictures
     from attnflow.trajectory import load
 
-    console = Console(stderr=True)
-    try:
-        path = pictures.animate(load(run_file), out, run=run, frames=frames, fps=fps, size=size)
-    except ValueError as err:
-        console.print(f"[red]error:[/red] {err}")
-        raise typer.Exit(2) from None
+    output_path("--out", out, [".gif", ".mp4"])
+    with renamed(path="RUN_FILE"):
+        traj = load(run_file)
+    with renamed(**NAMES, path="--out"):
+        path = pictures.animate(traj, out, run=run, frames=frames, fps=fps, size=size)
     print(f"written {path}")

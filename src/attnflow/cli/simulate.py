@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import time
+import warnings
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import typer
-from rich.console import Console
 
+from attnflow._checks import fail, nonnegative
+from attnflow.analysis._input import radius
 from attnflow.cli import app
-from attnflow.integrate import METHODS
+from attnflow.cli._options import given, output_path, renamed, unused
+from attnflow.integrate import METHODS, check_solver_args
 from attnflow.kernels.masks import mask_from_text
 from attnflow.presets import SPEC_HELP, matrix_from_spec
+from attnflow.trajectory import FORMATS
 
 Method = Enum("Method", {name: name for name in METHODS}, type=str)
 
@@ -33,15 +39,15 @@ def parse_times(text: str | None) -> np.ndarray | None:
             return np.linspace(float(start), float(stop), int(num))
         return np.array([float(v) for v in text.split(",")])
     except ValueError:
-        raise typer.BadParameter(
-            f"expected comma-separated times or linspace:START:STOP:NUM, got {text!r}"
-        ) from None
+        raise fail("--save-at", "comma-separated times or linspace:START:STOP:NUM",
+                   repr(text)) from None
 
 
 @app.command()
 def simulate(
+    ctx: typer.Context,
     n: int = typer.Option(200, min=1, help="Number of tokens."),
-    d: int = typer.Option(2, min=1, help="Dimension: tokens live on S^{d-1} in R^d."),
+    d: int = typer.Option(2, min=2, help="Dimension: tokens live on S^{d-1} in R^d."),
     beta: float = typer.Option(None, min=0.0, help="Inverse temperature beta >= 0 (default 64;"
                                " 1 with --from-model)."),
     mask: str = typer.Option("causal", help="causal | full | window:W | FILE.npy (bool n x n)."),
@@ -85,38 +91,106 @@ def simulate(
     Defaults are the paper's Fig. 2 setting: causal attention, Q = K = V = I, n = 200, d = 2,
     beta = 64, up to t = 150.
     """
-    from attnflow import Attention
-    from attnflow import simulate as run
-    from attnflow.analysis import cluster_count, default_cluster_tol
-    from attnflow.sphere import geodesic_distance, uniform
-
+    # Every option is checked (and the model built) before any work starts.
     if from_model is not None:
+        unused(given(ctx, n="--n", d="--d", mask="--mask", Q="--Q", K="--K", V="--V",
+                     batch="--batch", seed="--seed", dtype="--dtype"), "with --from-model")
+        beta = 1.0 if beta is None else beta
+        with renamed(**SOLVER_OPTIONS):
+            output_path("--out", out, sorted(FORMATS))
+            check_solver_args(method.value, t_end, parse_times(save_at), dt, rtol, atol)
+            nonnegative("beta", beta)
+            if cluster_tol is not None:
+                radius("cluster_tol", cluster_tol)
         from attnflow.cli.spectra import simulate_from_model
 
         return simulate_from_model(from_model, layer, head, text, token_ids, out, cluster_tol,
-                                   beta=1.0 if beta is None else beta, t_end=t_end,
-                                   method=method.value, dt=dt, rtol=rtol, atol=atol,
-                                   save_at=parse_times(save_at), progress=progress)
-    beta = 64.0 if beta is None else beta
-    console = Console(stderr=True)
-    try:
+                                   beta=beta, t_end=t_end, method=method.value, dt=dt,
+                                   rtol=rtol, atol=atol, save_at=parse_times(save_at),
+                                   progress=progress)
+    unused(given(ctx, layer="--layer", head="--head", text="--text", token_ids="--token-ids"),
+           "without --from-model")
+    setup = _setup(n=n, d=d, beta=64.0 if beta is None else beta, mask=mask, Q=Q, K=K, V=V,
+                   batch=batch, method=method.value, dt=dt, rtol=rtol, atol=atol, t_end=t_end,
+                   save_at=save_at, seed=seed, dtype=dtype.value, cluster_tol=cluster_tol,
+                   out=out)
+    _run(setup, progress)
+
+
+SOLVER_OPTIONS = {"method": "--method", "t_end": "--t-end", "save_at": "--save-at",
+                  "dt": "--dt", "rtol": "--rtol", "atol": "--atol", "rtol/atol": "--rtol/--atol",
+                  "beta": "--beta", "cluster_tol": "--cluster-tol"}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A checked `attnflow simulate`: what to integrate, from where, and where it goes."""
+
+    model: Any  # attnflow.Attention
+    x0: np.ndarray  # (n, d) or (batch, n, d)
+    t_end: float
+    save_at: np.ndarray | None
+    method: str
+    dt: float | None
+    rtol: float | None
+    atol: float | None
+    seed: int
+    cluster_tol: float
+    out: Path
+
+
+def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, batch: int,
+           method: str, dt: float | None, rtol: float | None, atol: float | None,
+           t_end: float, save_at: str | None, seed: int, dtype: str,
+           cluster_tol: float | None, out: Path) -> Setup:
+    """Check every option and build the model and the initial tokens (cheap: no
+    integration); a ValueError names the option."""
+    from attnflow import Attention
+    from attnflow.analysis import default_cluster_tol
+    from attnflow.simulate import check_seed
+    from attnflow.sphere import uniform
+
+    output_path("--out", out, sorted(FORMATS))
+    times = parse_times(save_at)
+    with renamed(**SOLVER_OPTIONS, seed="--seed", mask="--mask", Q="--Q", K="--K", V="--V"):
+        check_solver_args(method, t_end, times, dt, rtol, atol)
+        seed = check_seed(seed)
+        tol = radius("cluster_tol", cluster_tol) if cluster_tol is not None else \
+            default_cluster_tol(nonnegative("beta", beta))
         matrices = {name: matrix_from_spec(spec, d, name, seed)
                     for name, spec in (("Q", Q), ("K", K), ("V", V))}
         model = Attention(**matrices, beta=beta, mask=mask_from_text(mask))
-        x0 = uniform((batch, n) if batch > 1 else n, d, seed).astype(dtype.value)
-        start = time.perf_counter()
-        traj = run(model, x0, t_end, save_at=parse_times(save_at), method=method.value,
-                   dt=dt, rtol=rtol, atol=atol, progress=progress, seed=seed)
-        wall = time.perf_counter() - start
-    except ValueError as err:
-        console.print(f"[red]error:[/red] {err}")
-        raise typer.Exit(2) from None
-    path = traj.save(out)
-    tol = cluster_tol if cluster_tol is not None else default_cluster_tol(beta)
-    counts = np.atleast_1d(cluster_count(traj.final, tol))
-    drift = geodesic_distance(traj.final, x0[..., :1, :]).max()
+    x0 = uniform((batch, n) if batch > 1 else n, d, seed).astype(dtype)
+    return Setup(model=model, x0=x0, t_end=t_end, save_at=times, method=method, dt=dt,
+                 rtol=rtol, atol=atol, seed=seed, cluster_tol=tol, out=out)
+
+
+def _run(setup: Setup, progress: bool) -> None:
+    """Integrate, write the Trajectory and print a summary."""
+    from attnflow import simulate as run
+    from attnflow.analysis import cluster_count
+    from attnflow.integrate import NonFiniteStateError
+    from attnflow.sphere import geodesic_distance
+
+    start = time.perf_counter()
+    try:
+        # A blow-up ends in NonFiniteStateError (with its time); numpy's overflow warnings
+        # on the way there would only bury that one line.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            traj = run(setup.model, setup.x0, setup.t_end, save_at=setup.save_at,
+                       method=setup.method, dt=setup.dt, rtol=setup.rtol, atol=setup.atol,
+                       progress=progress, seed=setup.seed)
+    except NonFiniteStateError as err:
+        raise fail("--Q/--K/--V/--beta/--dt", "settings under which the tokens stay finite",
+                   str(err)) from None
+    wall = time.perf_counter() - start
+    path = traj.save(setup.out)
+    counts = np.atleast_1d(cluster_count(traj.final, setup.cluster_tol))
+    drift = geodesic_distance(traj.final, setup.x0[..., :1, :]).max()
     print(f"final time        {traj.times[-1]:g}")
-    print(f"clusters          {_spread(counts)}  (single linkage, tol {tol:.3g} rad)")
+    print(f"clusters          {_spread(counts)}  (single linkage, tol {setup.cluster_tol:.3g} "
+          "rad)")
     print(f"max dist to x_1(0) {drift:.3e} rad")
     print(f"field evaluations {traj.n_evals}")
     print(f"wall time         {wall:.2f} s")

@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
-from attnflow.cli import app
+from attnflow.cli import app, fail_line
+from attnflow.cli._options import output_path, renamed
 
 
 @app.command()
@@ -32,20 +32,18 @@ def sweep(
     from attnflow.sweeps import SweepIncompleteError, load_spec, sweep_status
     from attnflow.sweeps import sweep as run
 
-    console = Console(stderr=True)
     out = out if out is not None else spec.with_suffix(".zarr")
-    try:
-        parsed = load_spec(spec)
+    parsed = load_spec(spec)
+    with renamed(out="--out", scheduler="--scheduler", workers="--workers",
+                 dashboard="--dashboard", **{"workers/dashboard": "--workers/--dashboard"}):
+        output_path("--out", out, [".zarr"])
         before = sweep_status(out)["pending"] if out.exists() else parsed.n_runs
         start = time.perf_counter()
-        run(parsed, out=out, scheduler=scheduler, workers=workers, dashboard=dashboard,
-            progress=progress)
-    except ValueError as err:
-        console.print(f"[red]error:[/red] {err}")
-        raise typer.Exit(2) from None
-    except SweepIncompleteError as err:
-        console.print(f"[red]incomplete:[/red] {err}")
-        raise typer.Exit(1) from None
+        try:
+            run(parsed, out=out, scheduler=scheduler, workers=workers, dashboard=dashboard,
+                progress=progress)
+        except SweepIncompleteError as err:
+            fail_line(f"incomplete: {err}", 1)
     wall = time.perf_counter() - start
     counts = sweep_status(out)
     print(f"runs              {parsed.n_runs} ({parsed.n_runs - before} finished before, "

@@ -10,14 +10,14 @@ A recipe is a module of `attnflow.experiments` with
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from attnflow._files import atomic_path
 
 Progress = Callable[[float], None]
 
@@ -52,14 +52,8 @@ class Output:
 
 def save_figure(fig: Any, out: Path, name: str) -> str:
     """Write a matplotlib Figure to out/name (PNG) atomically; return the name."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".png", dir=out)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, out / name)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_path(out / name) as tmp:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
     return name
 
 
