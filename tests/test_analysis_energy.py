@@ -62,3 +62,48 @@ def test_energy_rejects_beta_zero_and_bad_matrices():
         energy(X, 1.0, Q=np.eye(4))
     with pytest.raises(ValueError, match="Q, K: expected one head size"):
         energy(X, 1.0, Q=np.ones((2, 3)), K=np.ones((3, 3)))
+
+
+def test_top_level_exports():
+    assert af.energy is energy and af.log_energy is log_energy
+
+
+@pytest.mark.parametrize("attention", ["softmax", "unnormalised"])
+def test_trajectory_energy_is_non_decreasing_under_full_attention(attention):
+    x0 = _tokens((4, 12), 3, seed=5)
+    traj = af.simulate(af.Attention(beta=3.0, mask="full", attention=attention), x0, 4.0,
+                       save_at=np.linspace(0, 4, 41), method="rk4", dt=0.02)
+    E = traj.energy()
+    assert E.shape == (41, 4)
+    np.testing.assert_allclose(E, energy(traj.states, 3.0), rtol=1e-14)
+    np.testing.assert_allclose(traj.energy(beta=2.0, log=True),
+                               log_energy(traj.states, 2.0), rtol=1e-14)
+    # Non-decreasing up to rounding (the unnormalised run reaches the single point, E's
+    # maximum e^beta / (2 beta), by t = 4), and rising by a clear amount.
+    assert np.all(np.diff(E, axis=0) >= -1e-13 * E[1:])
+    assert np.all(E[-1] > 1.5 * E[0])
+
+
+def test_energy_decreases_along_some_causal_trajectory():
+    # 64 random runs of 6 tokens on the circle: the causal mask is no gradient flow of E.
+    x0 = _tokens((64, 6), 2, seed=1)
+    traj = af.simulate(af.Attention(beta=1.0, mask="causal"), x0, 10.0,
+                       save_at=np.linspace(0, 10, 101), method="rk4", dt=0.02)
+    drop = np.diff(traj.energy(log=True), axis=0).min(axis=0)  # per run
+    assert drop.min() < -1e-3  # far beyond the integration error (RK4, dt = 0.02)
+    # ... while full attention from the same starts never decreases it.
+    full = af.simulate(af.Attention(beta=1.0, mask="full"), x0, 10.0,
+                       save_at=np.linspace(0, 10, 101), method="rk4", dt=0.02)
+    assert np.diff(full.energy(log=True), axis=0).min() > -1e-12
+
+
+def test_trajectory_energy_uses_directions_and_needs_one_head():
+    x0 = _tokens(5, 3, seed=0)
+    pre = af.simulate(af.Attention(beta=1.0, mask="full", norm="pre"), x0, 2.0,
+                      method="euler", dt=0.1)
+    assert pre.radii.max() > 1.5  # the states left the sphere; E reads their directions
+    np.testing.assert_allclose(pre.energy(), energy(pre.directions, 1.0), rtol=1e-14)
+    model = af.Attention(heads=[(None, None, None)] * 2, beta=1.0, mask="full")
+    traj = af.simulate(model, x0, 0.1, method="euler", dt=0.05)
+    with pytest.raises(ValueError, match="model: expected an Attention with one head"):
+        traj.energy()

@@ -44,19 +44,28 @@ def test_equiangular_start_rejects_what_does_not_exist():
         equiangular_start(4, 5, 1.0)
 
 
-def test_equiangular_ode_matches_the_engine_softmax():
+@pytest.mark.parametrize(("attention", "norm"), [
+    ("softmax", "post"), ("unnormalised", "post"), ("softmax", "pre"), ("softmax", "peri"),
+    ("softmax", "ngpt"), ("unnormalised", "pre")])
+def test_equiangular_ode_matches_the_engine(attention, norm):
     n, d, beta, rho0, t_end = 5, 7, 3.0, 0.1, 3.0
     times = np.linspace(0.0, t_end, 7)
     x0 = equiangular_start(n, d, rho0, seed=1)
-    traj = af.simulate(af.Attention(beta=beta, mask="full"), x0, t_end, save_at=times,
-                       method="rk4", dt=0.005)
-    G = traj.states @ np.swapaxes(traj.states, -1, -2)
-    off = _offdiag(G)
+    model = af.Attention(beta=beta, mask="full", attention=attention, norm=norm, alpha=0.5)
+    traj = af.simulate(model, x0, t_end, save_at=times, method="rk4", dt=0.0025)
+    theta = traj.directions
+    off = _offdiag(theta @ np.swapaxes(theta, -1, -2))
     assert np.ptp(off, axis=-1).max() < 1e-12  # stays equiangular
-    ode = solve_ivp(lambda t, y: equiangular_rhs(y, beta, n)[0], (0, t_end), [rho0],
-                    t_eval=times, rtol=1e-12, atol=1e-14, method="DOP853")
+    assert np.ptp(traj.radii, axis=-1).max() < 1e-12  # one common radius
+
+    def rhs(t, y):
+        return np.array(equiangular_rhs(y[0], beta, n, attention, norm, r=y[1], alpha=0.5))
+
+    ode = solve_ivp(rhs, (0, t_end), [rho0, 1.0], t_eval=times, rtol=1e-12, atol=1e-14,
+                    method="DOP853")
     np.testing.assert_allclose(off.mean(axis=-1), ode.y[0], rtol=0, atol=1e-9)
-    assert ode.y[0, -1] > 0.85  # the comparison covers the collapse, not a flat stretch
+    np.testing.assert_allclose(traj.radii[:, 0], ode.y[1], rtol=1e-9)
+    assert ode.y[0, -1] - rho0 > 0.1  # the comparison covers real motion
 
 
 def test_equiangular_rhs_written_forms():
