@@ -35,14 +35,15 @@ The spec (a TOML file, or the same nested mapping in Python)::
     metrics = ["max_distance_to_first", "cluster_count"]   # default: all of METRICS
     states = false              # also keep the saved states (padded with NaN to max n, d)
     cluster_tol = 0.05          # rad; default beta^{-1/2} / 4 per run (1e-2 when beta = 0)
-    delta_scale = 4.0           # Rényi radius delta = delta_scale * beta^{-1/2} (SCIENCE.md §3)
-    r_scale = 1.0               # consumption radius r = r_scale * beta^{-1/2} (SCIENCE.md §4)
+    delta_scale = 4.0           # Rényi radius delta = delta_scale beta^{-1/2} (science.md §3)
+    r_scale = 1.0               # consumption radius r = r_scale beta^{-1/2} (science.md §4)
 
 Radii are capped at pi (beta = 0 gives pi).
 
 **Seeds.** Run (grid point, seed s) draws its initial tokens (uniform on the sphere) from
 ``SeedSequence(entropy, spawn_key=(s, 0))`` and the random matrix presets without a seed of
-their own from ``spawn_key=(s, 1)`` (V), ``(s, 2)`` (Q) and ``(s, 3)`` (K). The stream
+their own from ``spawn_key=(s, 1)`` (V), ``(s, 2)`` (Q) and ``(s, 3)`` (K); with noise, the key
+of its Brownian path from ``(s, 4)`` (noisy runs are integrated one by one). The stream
 depends on the seed coordinate only, not on the other grid coordinates, the task it lands in,
 the order of execution or the number of workers: runs that differ only in beta (say) start
 from the same tokens (common random numbers, for paired comparisons), and the first n tokens
@@ -67,9 +68,10 @@ dask-jobqueue, ...), whose workers need attnflow installed (and ATTNFLOW_THREADS
 share of the cores). ``"serial"``: in this process, without Dask. Only the driver writes the
 store: the workers need no access to it.
 
-**Store and resume.** The store is created atomically with the full layout and the spec
-(JSON attribute ``attnflow_sweep``), then filled as tasks finish. Chunks are one task's
-block; each finished task writes its data, then its ``status`` (0 pending, 1 done,
+**Store and resume.** The store is created atomically with the full layout, the spec
+(JSON attribute ``attnflow_sweep``) and consolidated metadata (``xarray.open_zarr`` opens it
+without a warning; the layout never changes afterwards), then filled as tasks finish. Chunks
+are one task's block; each finished task writes its data, then its ``status`` (0 pending, 1 done,
 2 failed, with ``error`` the message), and Zarr writes every chunk atomically, so a status
 other than 0 means the task is complete. Rerunning the same sweep into the same store skips
 exactly the finished tasks; a worker lost mid-sweep costs only its in-flight tasks (Dask
@@ -110,6 +112,7 @@ from attnflow.model import Attention
 from attnflow.presets import matrix_from_spec
 from attnflow.simulate import simulate
 from attnflow.sphere import geodesic_distance, uniform
+from attnflow.textspec import family_options
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -134,7 +137,7 @@ MAX_BATCH = 128
 BATCH_FLOATS = 1 << 22  # cap on batch * n^2: the (batch, n, n) score arrays stay ~32 MiB
 TASKS_PER_POINT = 8  # the default batch cuts a grid point's seeds into at least this many
 MIN_BATCH = 4  # ... unless that makes batches smaller than this
-STREAMS = {"x0": 0, "V": 1, "Q": 2, "K": 3}  # spawn_key[1] of each random draw of a run
+STREAMS = {"x0": 0, "V": 1, "Q": 2, "K": 3, "noise": 4}  # spawn_key[1] of a run's draws
 UNTRIM = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
 
 
@@ -501,18 +504,19 @@ METRICS: dict[str, Metric] = {
         "(attnflow.analysis.cluster_count)"),
     "renyi_count": Metric(
         _center_count(renyi_centers), "1",
-        "number of Rényi centers(delta) of the configuration at time t (SCIENCE.md §4)"),
+        "number of Rényi centers(delta) of the configuration at time t (docs/science.md §4)"),
     "strong_renyi_count": Metric(
         _center_count(strong_renyi_centers), "1",
-        "number of strong Rényi centers(delta) of the configuration at time t (SCIENCE.md §4)"),
+        "number of strong Rényi centers(delta) of the configuration at time t "
+        "(docs/science.md §4)"),
     "consumed_renyi": Metric(
         _consumed(renyi_centers), "1",
         "fraction of tokens within geodesic radius r of the current position of a Rényi "
-        "center(delta) of the initial tokens (SCIENCE.md §4, Fig. 3)"),
+        "center(delta) of the initial tokens (docs/science.md §4, Fig. 3)"),
     "consumed_strong": Metric(
         _consumed(strong_renyi_centers), "1",
         "fraction of tokens within geodesic radius r of the current position of a strong "
-        "Rényi center(delta) of the initial tokens (SCIENCE.md §4, Fig. 3)"),
+        "Rényi center(delta) of the initial tokens (docs/science.md §4, Fig. 3)"),
 }
 
 
@@ -604,13 +608,21 @@ def _prepare(task: Task, seed: int) -> tuple[np.ndarray, Attention]:
 def _measure(task: Task, runs: list, members: list[int], result: TaskResult) -> None:
     """Simulate the runs `members` (which share a model) as one batch and fill `result`."""
     p = task.params
+    if p["noise"] is not None and len(members) > 1:  # the noise of a run is its own
+        for b in members:
+            _measure(task, runs, [b], result)
+        return
     x0 = np.stack([runs[b][0] for b in members])
     adaptive = p["method"] == "dopri5"
+    noise = {} if p["noise"] is None else {"noise": p["noise"], "seed": int(
+        np.random.SeedSequence(task.entropy, spawn_key=(task.seeds[members[0]], STREAMS[
+            "noise"])).generate_state(1, np.uint64)[0] >> 1)}
     traj = simulate(runs[members[0]][1], x0, task.t_end, save_at=np.asarray(task.times),
                     method=p["method"], dt=p["dt"], rtol=p["rtol"] if adaptive else None,
-                    atol=p["atol"] if adaptive else None)
+                    atol=p["atol"] if adaptive else None, **noise)
     radii = task.keep.radii(p["beta"])
-    values = {m: METRICS[m].fn(traj.states, x0, radii).T for m in task.keep.metrics}
+    theta = traj.directions  # pre- and peri-LN: the metrics are of the directions
+    values = {m: METRICS[m].fn(theta, x0, radii).T for m in task.keep.metrics}
     for name, v in values.items():
         result.metrics[name][members] = v
     if result.states is not None:
