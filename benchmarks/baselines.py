@@ -1,4 +1,4 @@
-"""The field's baseline for W1, as published code writes it (../shared/BENCHMARKS.md).
+"""The field's baseline for W1, as published code writes it (benchmarks/RESULTS.md).
 
 One explicit Euler step of causal self-attention with Q = K = V = I followed by
 renormalisation, dense (n, n) scores with -inf above the diagonal and a softmax: the

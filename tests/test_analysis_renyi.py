@@ -1,4 +1,4 @@
-"""Rényi centers, strong Rényi centers and consumed fractions (SCIENCE.md §4)."""
+"""Rényi centers, strong Rényi centers and consumed fractions (docs/science.md §4)."""
 
 import numpy as np
 import pytest
@@ -91,7 +91,7 @@ def test_blocks_of_the_strong_scan_agree():
 def test_monte_carlo_strong_centers_exact_finite_n(d):
     """5000 sequences of n = 200 uniform tokens, delta = 0.5: mean count within 3 standard
     errors of the exact E_n (Lemma C.1). The paper's printed S^2 formula
-    (3 sin^2(delta/2))^{-1} is far off: the 3 is a typo (SCIENCE.md §2)."""
+    (3 sin^2(delta/2))^{-1} is far off: the 3 is a typo (docs/science.md §2)."""
     rng = np.random.default_rng(100 + d)
     counts = np.array([len(af.strong_renyi_centers(uniform(200, d, seed=rng), 0.5))
                        for _ in range(5000)])

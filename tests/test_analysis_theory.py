@@ -1,4 +1,4 @@
-"""Circle theory: h, g, tau_beta, Lemma 5.1, Theorem 5.2 and Remark B.2 (SCIENCE.md §§1-2)."""
+"""Circle theory: h, g, tau_beta, Lemma 5.1, Theorem 5.2 and Remark B.2 (docs/science.md §§1-2)."""
 
 import numpy as np
 import pytest
@@ -53,7 +53,7 @@ def test_lemma51_closed_form_is_sufficient():
 
 
 def test_theorem52_remark_numbers():
-    """eps = 0.1, c = 6.5: Remark B.2 reads beta >= 14.045 and N < 682.9 (SCIENCE.md §2)."""
+    """eps = 0.1, c = 6.5: Remark B.2 reads beta >= 14.045 and N < 682.9 (docs/science.md §2)."""
     check = af.remark_b2_conditions(14.045, 6.5, 0.1, 682)
     assert check.beta_min == pytest.approx(14.045, abs=1e-12)
     assert check.N_max == pytest.approx(682.9467, abs=1e-4)
@@ -69,7 +69,7 @@ def test_theorem52_remark_numbers():
 
 def test_theorem52_exact_numbers():
     """The exact conditions (i)-(ii) are much weaker: N = 700 needs beta >= 6.4947 only, and
-    beta = 14 allows N up to 3762.8 (SCIENCE.md §2)."""
+    beta = 14 allows N up to 3762.8 (docs/science.md §2)."""
     beta = af.theorem52_min_beta(6.5, 0.1, 700)
     assert beta == pytest.approx(6.494691, abs=1e-5)
     assert af.theorem52_conditions(beta * (1 + 1e-9), 6.5, 0.1, 700).holds
@@ -86,7 +86,7 @@ def test_theorem52_exact_numbers():
 def test_theorem52_sign_typo():
     """Without the minus sign, (ii) would read N g((c-2eps) beta^{-1/2}) < g(eps beta^{-1/2}),
     true for every N because g is negative at the first argument and positive at the second
-    throughout the relevant range: an empty condition (SCIENCE.md §2)."""
+    throughout the relevant range: an empty condition (docs/science.md §2)."""
     beta = np.geomspace(5, 1e4, 60)
     for b in beta:
         assert af.g((6.5 - 0.2) / np.sqrt(b), b) < 0 < af.g(0.1 / np.sqrt(b), b)

@@ -1,4 +1,4 @@
-"""The attention field against independent formulas (SCIENCE.md §1)."""
+"""The attention field against independent formulas (docs/science.md §1)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def test_heads_are_summed_or_averaged(rng):
 
 
 def test_circle_field_equals_angular_form():
-    """d = 2, Q = K = V = I: dphi_k/dt = (1/Z_k) sum_{j<k} h(phi_j - phi_k) (SCIENCE.md §1)."""
+    """d = 2, Q = K = V = I: dphi_k/dt = (1/Z_k) sum_{j<k} h(phi_j - phi_k) (docs/science.md §1)."""
     beta, n = 5.0, 12
     phi = np.random.default_rng(3).uniform(0, 2 * np.pi, n)
     X = np.stack([np.cos(phi), np.sin(phi)], axis=-1)

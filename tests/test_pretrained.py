@@ -435,7 +435,7 @@ def test_minilm_text_to_tokens_with_its_own_tokenizer(minilm):
 
 def test_run_pretrained_first_token_follows_the_single_token_flow(tmp_path):
     """Causal: token 1 attends only to itself, so x_1(t) = e^{tV} x_1(0) / |e^{tV} x_1(0)|
-    (SCIENCE.md §1, Lemma 3.1's ODE), with V = V_h for one head and sum_h V_h for all."""
+    (docs/science.md §1, Lemma 3.1's ODE), with V = V_h for one head and sum_h V_h for all."""
     from scipy.linalg import expm
 
     from attnflow.analysis import predict_configuration

@@ -133,7 +133,7 @@ def test_initial_tokens_come_from_the_documented_seed_streams():
 
 
 def test_causal_prefix_across_n():
-    """Causality is triangular (SCIENCE.md §1) and a run's first tokens do not depend on n:
+    """Causality is triangular (docs/science.md §1) and a run's first tokens do not depend on n:
     the first 8 tokens of the n = 16 runs move exactly as the n = 8 runs."""
     ds = sweep_fn({"beta": 4.0, "n": [8, 16], "d": 2, "t_end": 3.0, "dt": 0.05, "seeds": 3},
                   {"states": True, "metrics": ["max_distance_to_first"]}, scheduler="serial")
@@ -146,7 +146,7 @@ def test_causal_prefix_across_n():
 
 # ---------------------------------------------------------------------------- metrics
 def _greedy_centers(X: np.ndarray, delta: float, strong: bool) -> list[int]:
-    """Rényi centers by their definition (SCIENCE.md §4), with arccos distances."""
+    """Rényi centers by their definition (docs/science.md §4), with arccos distances."""
     dist = np.arccos(np.clip(X @ X.T, -1, 1))
     centers: list[int] = []
     for i in range(len(X)):
@@ -424,7 +424,7 @@ def test_npy_matrices_are_read_relative_to_the_spec(tmp_path):
 def test_strong_center_counts_match_lemma_c1():
     """Lemma C.1: for n i.i.d. uniform tokens, E[#strong centers(delta)] =
     sum_{k=1}^{n} (1 - p)^{k-1}, p the normalised cap mass: delta / pi on the circle,
-    sin^2(delta / 2) on S^2 (SCIENCE.md §2). Checks the metric and that the per-seed draws
+    sin^2(delta / 2) on S^2 (docs/science.md §2). Checks the metric and that the per-seed draws
     are independent uniform samples: the mean over 400 seeds is within 4 standard errors."""
     beta, n = 16.0, 50
     delta = 4 / np.sqrt(beta)

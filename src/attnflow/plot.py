@@ -2,12 +2,12 @@
 
 Every function takes a `Trajectory` and returns a matplotlib Figure (drawn without pyplot,
 so it works headless, in scripts and in notebooks); pass ``ax=`` to draw into your own axes
-and compose panels. Conventions of the paper's figures (SCIENCE.md §5):
+and compose panels. Conventions of the paper's figures (docs/science.md §5):
 
 * tokens are coloured by their index k (the arrival order; dark = early, light = late) with
   a colour map whose lightness increases monotonically, so it survives greyscale printing;
 * final positions are red (Fig. 1); strong Rényi centers are red and Rényi centers black
-  (Fig. 2), with delta = 4 beta^{-1/2} by default (SCIENCE.md §3, §4);
+  (Fig. 2), with delta = 4 beta^{-1/2} by default (docs/science.md §3, §4);
 * for d larger than the picture (d > 2 on the circle, d > 3 on the sphere) tokens are
   projected orthogonally onto two or three orthonormal directions: the top principal
   directions of the plotted states (default), eigenvectors of V, or any given directions;
@@ -140,7 +140,8 @@ def _time_range(times: np.ndarray, t_range: Any) -> np.ndarray:
 
 
 def _delta(traj: Trajectory, delta: float | None) -> float:
-    """The Rényi radius: given, or 4 beta^{-1/2} as in all the paper's figures (SCIENCE.md §3)."""
+    """The Rényi radius: given, or 4 beta^{-1/2} as in all the paper's figures
+    (docs/science.md §3)."""
     if delta is not None:
         return positive("delta", delta)
     if traj.model.beta == 0:
@@ -216,7 +217,7 @@ def frame(traj: Trajectory, X: np.ndarray, k: int, basis: Any = None) -> Frame:
         of the points X (..., d), i.e. eigenvectors of the uncentred second moment
         mean x x^T, whose eigenvalues are the shares of |x|^2 = 1 they carry; "V": the
         eigenvectors of the value matrix V with the k eigenvalues of largest real part
-        (SCIENCE.md §3; a complex pair gives its real and imaginary parts), or ("V", [i, j])
+        (docs/science.md §3; a complex pair gives its real and imaginary parts), or ("V", [i, j])
         with indices into the eigenvalues sorted by decreasing real part; or a (k, d) array
         of directions. Non-orthogonal directions are orthonormalised in order (Gram-Schmidt).
     """
@@ -418,7 +419,7 @@ def _draw_disk(a: Axes, fr: Frame) -> None:
 
 
 def _center_indices(X: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
-    """Token indices of the Rényi and strong Rényi centers of X (n, d) (SCIENCE.md §4)."""
+    """Token indices of the Rényi and strong Rényi centers of X (n, d) (docs/science.md §4)."""
     return renyi_centers(X, delta), strong_renyi_centers(X, delta)
 
 
@@ -688,9 +689,9 @@ def plot_timeseries(
     Top panel: the number of single-linkage clusters at geodesic tolerance tol (default
     beta^{-1/2} / 4; `attnflow.analysis.cluster_count`) and the numbers of Rényi and strong
     Rényi centers of radius delta (default 4 beta^{-1/2}) of the configuration at each time
-    (SCIENCE.md §4). Bottom panel: max_k d(x_k(t), x_1(0)), the largest geodesic distance to
+    (docs/science.md §4). Bottom panel: max_k d(x_k(t), x_1(0)), the largest geodesic distance to
     the first token's start, which tends to 0 when all tokens join x_1(0) (Theorem 4.1).
-    Meta-stable plateaus show as flat stretches (SCIENCE.md §3). t = 0 is left out (log axis).
+    Meta-stable plateaus show as flat stretches (docs/science.md §3). t = 0 is left out (log axis).
 
     For a batch, run=None (default) draws the mean over runs and a 10th-90th percentile band;
     run=i draws one run. `ax` is a pair of Axes (counts, spread). Cost: the centers are
@@ -763,7 +764,7 @@ def plot_attention(
     ax: Axes | None = None,
     figsize: tuple[float, float] | None = None,
 ) -> Figure:
-    """The attention matrix A_kj of one head at a time (SCIENCE.md §1), on a log colour scale.
+    """The attention matrix A_kj of one head at a time (docs/science.md §1), on a log colour scale.
 
     Row k is query token k, column j key token j (memory tokens, if any, are the last
     columns, after a line). Pairs the mask forbids (j > k for causal attention) are hatched,

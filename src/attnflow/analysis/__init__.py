@@ -12,7 +12,7 @@
   exact equiangular starts, the noisy Kuramoto order parameter, the long-context self-weight
   and output correlation, the mean-field cluster number k*.
 
-Definitions follow SCIENCE.md §§2-4 and are restated in each docstring.
+Definitions follow docs/science.md §§2-4 and are restated in each docstring.
 """
 
 from attnflow.analysis.atlas import (

@@ -1,4 +1,4 @@
-"""The atlas of final configurations (SCIENCE.md §3, the paper's Table 1).
+"""The atlas of final configurations (docs/science.md §3, the paper's Table 1).
 
 Conjecture: only the spectrum of the value matrix V decides where causal attention
 dynamics end. With lambda_max the eigenvalue of largest real part, L its eigenspace and xi a
@@ -119,7 +119,7 @@ class ObservedConfiguration:
 
 
 def predict_configuration(V: Any, x1_0: Any = None, tol: float = 1e-6) -> AtlasPrediction:
-    """The atlas row (SCIENCE.md §3) that the spectrum of V predicts.
+    """The atlas row (docs/science.md §3) that the spectrum of V predicts.
 
     V : (d, d) value matrix (acting on column vectors).
     x1_0 : optional (d,) first token, to compute the predicted point of the one-point rows.

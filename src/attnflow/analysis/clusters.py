@@ -1,6 +1,6 @@
 """Clusters of tokens on the sphere: single linkage at a geodesic tolerance.
 
-Definition: two tokens are *linked* when their geodesic distance arccos<x, y> (SCIENCE.md §4)
+Definition: two tokens are *linked* when their geodesic distance arccos<x, y> (docs/science.md §4)
 is at most ``tol``; clusters are the connected components of the linked pairs (single
 linkage). Equivalently, the clusters are what remains of a minimum spanning tree of the
 tokens after deleting its edges longer than ``tol``, so the number of clusters is
@@ -35,7 +35,7 @@ _CHUNK_FLOATS = 1 << 22
 
 def default_cluster_tol(beta: float) -> float:
     """The package's default geodesic cluster tolerance (rad): beta^{-1/2} / 4, a quarter of
-    the distance at which attraction is strongest (SCIENCE.md §1: tau ~ beta^{-1/2}), capped
+    the distance at which attraction is strongest (docs/science.md §1: tau ~ beta^{-1/2}), capped
     at pi; 1e-2 when beta = 0."""
     return min(float(np.pi), 0.25 * beta ** -0.5) if beta > 0 else 1e-2
 

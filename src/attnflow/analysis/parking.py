@@ -1,6 +1,6 @@
 """How many (strong) Rényi centers: exact expectations and Rényi's parking constant.
 
-Strong centers (Lemma C.1, SCIENCE.md §2). For i.i.d. tokens with law mu, token k is a
+Strong centers (Lemma C.1, docs/science.md §2). For i.i.d. tokens with law mu, token k is a
 strong center with probability E[(1 - mu(B_delta(x)))^{k-1}]. For the uniform law on
 S^{d-1} every geodesic cap of radius delta has the same normalised mass p = p_d(delta), so
 

@@ -1,6 +1,6 @@
 """Rényi centers, strong Rényi centers and the fraction of tokens they consume.
 
-Definitions (SCIENCE.md §4). Tokens in index order are the arrival order.
+Definitions (docs/science.md §4). Tokens in index order are the arrival order.
 
 * **Rényi centers(delta):** the greedy subsequence: token i is a center when
   dist(x_i, c) > delta for every earlier center c.
@@ -66,7 +66,7 @@ def renyi_centers(X: Any, delta: float, Q: Any = None, K: Any = None) -> np.ndar
         docstring instead of the geodesic distance.
 
     Token i is a center when its distance to every earlier center exceeds delta
-    (SCIENCE.md §4). Token 0 is always a center. Tokens are taken in chunks: each chunk is
+    (docs/science.md §4). Token 0 is always a center. Tokens are taken in chunks: each chunk is
     first screened against the centers already found (one matrix product), and only the
     survivors are decided one by one. Cost O(n m d) for m centers, mostly in BLAS.
     """
@@ -102,7 +102,7 @@ def strong_renyi_centers(X: Any, delta: float, Q: Any = None, K: Any = None) -> 
         docstring instead of the geodesic distance.
 
     Token i is a strong center when its distance to every earlier token exceeds delta
-    (SCIENCE.md §4). Token 0 is always one. Blocks of 1024 tokens are compared with the
+    (docs/science.md §4). Token 0 is always one. Blocks of 1024 tokens are compared with the
     earlier tokens a block at a time, dropping each token as soon as one earlier token is
     within delta: at most O(n^2 d / 2), much less when most tokens are close to an early one.
     """
@@ -135,7 +135,7 @@ def consumed_fraction(states: Any, centers: Any, r: float | None = None) -> np.n
     r : consumption radius in radians (geodesic), in [0, pi]. Default min(pi, beta^{-1/2}),
         available only when ``states`` is a Trajectory (beta read from its model).
 
-    Definition (SCIENCE.md §4; the paper leaves it open): token i is consumed at time t when
+    Definition (docs/science.md §4; the paper leaves it open): token i is consumed at time t when
     dist(x_i(t), x_c(t)) <= r for some center c, geodesic distance (from
     `attnflow.sphere.pairwise_geodesic`, accurate to about 1e-8 rad). A center consumes
     itself. Returns (T,) fractions in [0, 1].

@@ -1,4 +1,4 @@
-"""Formulas of the paper's circle analysis (d = 2, Q = K = V = I), SCIENCE.md §§1-2.
+"""Formulas of the paper's circle analysis (d = 2, Q = K = V = I), docs/science.md §§1-2.
 
 On the circle, token k at angle phi_k moves by dphi_k/dt = (1/Z_k) sum_{j<k} h(phi_j - phi_k)
 with the interaction
@@ -16,7 +16,7 @@ strongest at x = tau_beta, cos tau_beta = (-1 + sqrt(4 beta^2 + 1)) / (2 beta) (
   every token ends within eps beta^{-1/2} of a center when
   (i)  N h((c - 1 - 2 eps) beta^{-1/2}) < h(eps beta^{-1/2}) and
   (ii) -N g((c - 2 eps) beta^{-1/2}) < g(eps beta^{-1/2})
-  (with the minus sign of SCIENCE.md §2; the printed paper omits it, a typo).
+  (with the minus sign of docs/science.md §2; the printed paper omits it, a typo).
 * Remark B.2, closed-form sufficient conditions: c >= 5.5 + 2 eps,
   beta >= (c - 1 - 2 eps)^2 / 2 and N < (eps / (c - 1)) exp(3 (c - 1 - 2 eps)^2 / 8).
 
@@ -97,7 +97,7 @@ class Lemma51Bound:
 
 
 def lemma51_bound(beta: float, c: float, eps: float, s: float) -> Lemma51Bound:
-    """How long a strong Rényi center provably stays put (Lemma 5.1, SCIENCE.md §2).
+    """How long a strong Rényi center provably stays put (Lemma 5.1, docs/science.md §2).
 
     beta > 0, c > 0 (the paper needs c large enough; c > 1 suffices for beta > 1),
     eps > 0, s >= 1 the center's token index (1-based, as in the paper).
@@ -140,7 +140,7 @@ class Theorem52Check:
 
     @property
     def ii(self) -> bool:
-        """Condition (ii), with the minus sign (SCIENCE.md §2)."""
+        """Condition (ii), with the minus sign (docs/science.md §2)."""
         return bool(self.ii_lhs < self.ii_rhs)
 
     @property

@@ -1,4 +1,4 @@
-"""Reproduction recipes: one module per claim or figure of the paper (SCIENCE.md §§2-5).
+"""Reproduction recipes: one module per claim or figure of the paper (docs/science.md §§2-5).
 
 `RECIPES` maps each recipe's name to its module, in the order of the report. The contract a
 recipe module fulfils is described in `attnflow.experiments._recipe`.

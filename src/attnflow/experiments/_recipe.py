@@ -30,7 +30,7 @@ class Claim:
     """One row of the claims table."""
 
     claim: str  # the claim, short
-    paper: str  # what the paper says (SCIENCE.md)
+    paper: str  # what the paper says (as restated in docs/science.md)
     measured: str  # what we measured, with uncertainty
     verdict: str  # REPRODUCED, PARTLY, NOT_REPRODUCED or NOT_RUN
     why: str = ""  # the reason behind the verdict

@@ -1,6 +1,6 @@
 """Fig. 1 and Table 1: the atlas of final configurations, predicted from V's spectrum alone.
 
-SCIENCE.md §3 and §5. For each atlas row, value matrices V = B diag(lambda) B^{-1} with that
+docs/science.md §3 and §5. For each atlas row, value matrices V = B diag(lambda) B^{-1} with that
 spectral structure in two random eigenbases B (Haar orthonormal, so V is symmetric; and a
 non-orthogonal one: unit Gaussian columns, condition number at most `max_cond`), each with
 Q = K = I and with random Gaussian Q, K (entries N(0, 1/d), one draw per setting); d = 3,

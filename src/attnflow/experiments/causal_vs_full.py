@@ -1,6 +1,6 @@
 """Causal vs full attention from the same initial tokens: cluster counts over time.
 
-SCIENCE.md §1 and §3. n = 200, d = 2, Q = K = V = I, beta = 64: the same initial tokens are
+docs/science.md §1 and §3. n = 200, d = 2, Q = K = V = I, beta = 64: the same initial tokens are
 integrated with the causal mask and with full attention, and the number of single-linkage
 clusters (tolerance beta^{-1/2} / 4) is followed over time (median and 10-90 % band over runs).
 Under the causal mask the first token never moves (V = I) and is the final limit (Theorem 4.1);
@@ -47,7 +47,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
     fewer = float(np.mean(counts["full"][-1] < counts["causal"][-1]))
     claims = [
         Claim(claim="Causal: token 1 never moves when V = I",
-              paper="dx_1/dt = P_{x_1}(V x_1) = 0 (SCIENCE.md §1)",
+              paper="dx_1/dt = P_{x_1}(V x_1) = 0 (docs/science.md §1)",
               measured=f"max displacement of token 1 over all runs and times: causal "
               f"{first['causal'].max():.1e} rad, full {first['full'].max():.2f} rad",
               verdict=verdict(first["causal"].max() < 1e-12)),

@@ -1,6 +1,6 @@
 """Fig. 2: causal attention on the circle, meta-stable clusters and Rényi centers.
 
-SCIENCE.md §3 and §5. n = 200 tokens uniform on the circle, Q = K = V = I_2, beta = 64,
+docs/science.md §3 and §5. n = 200 tokens uniform on the circle, Q = K = V = I_2, beta = 64,
 delta = 4 beta^{-1/2}. Snapshots at t = 0, 10, 75, 150 and later. "A Rényi center
 disappears between t = 75 and t = 150" is measured two ways, over many seeds:
 

@@ -1,6 +1,6 @@
 """Fig. 3: the fraction of tokens consumed by Rényi centers and by strong Rényi centers.
 
-SCIENCE.md §4-5. n = 200, d = 2, Q = K = V = I, beta = 64, delta = 4 beta^{-1/2}. Centers are
+docs/science.md §4-5. n = 200, d = 2, Q = K = V = I, beta = 64, delta = 4 beta^{-1/2}. Centers are
 chosen at t = 0 and followed by index; a token is consumed at time t when it lies within
 geodesic radius r (default beta^{-1/2}) of some center's current position. Mean and 10th /
 90th percentiles over many runs. The ensemble runs through `attnflow.sweep` (in this process

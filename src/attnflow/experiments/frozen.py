@@ -1,6 +1,6 @@
 """Theorem 5.2: frozen centers, like cross-attention, capture every token.
 
-SCIENCE.md §2. On the circle (Q = K = V = I), m fixed points theta_i with weights a_i >= 1 are
+docs/science.md §2. On the circle (Q = K = V = I), m fixed points theta_i with weights a_i >= 1 are
 memory tokens of the model (`Attention(memory=(points, weights))`), c beta^{-1/2}-separated;
 n moving tokens start uniform and attend causally to each other and to the centers. With
 N = n + sum a_i, the theorem says every token ends within eps beta^{-1/2} of a center when
@@ -187,7 +187,7 @@ def _past_claim(results: list[dict[str, Any]], params: dict[str, Any]) -> Claim:
     remark_only = [r for r in rows if r["form"] == "remark" and r["exact_holds"]]
     return Claim(
         claim="Conditions (i)-(ii) are much weaker than Remark B.2, and both only sufficient",
-        paper="SCIENCE.md: at beta = 14 the exact conditions allow N up to about 3762 "
+        paper="docs/science.md: at beta = 14 the exact conditions allow N up to about 3762 "
         "(Remark B.2: 683); past the bound the theorem says nothing",
         measured="past the bound: " + "; ".join(
             f"{r['form']} beta = {r['beta']:.4g}, N = {r['N']:.0f} ({r['f']:g} x, "
@@ -226,7 +226,7 @@ def _numbers_claim(c: float, eps: float) -> Claim:
         f"N = 700 needs beta >= {beta700:.4f}, beta = 14 allows N < {n14:.1f}",
         verdict=verdict(ok),
         why="attnflow.analysis.theory gives the same numbers" if ok else
-        "the computed thresholds differ from SCIENCE.md's",
+        "the computed thresholds differ from docs/science.md's",
     )
 
 

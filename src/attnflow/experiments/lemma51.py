@@ -1,6 +1,6 @@
 """Lemma 5.1: strong Rényi centers barely move, for a time given by their separation and index.
 
-SCIENCE.md §2. Fig. 2 setting: n = 200 tokens uniform on the circle, Q = K = V = I, beta = 64,
+docs/science.md §2. Fig. 2 setting: n = 200 tokens uniform on the circle, Q = K = V = I, beta = 64,
 strong Rényi centers of the initial tokens with delta = 4 beta^{-1/2}. For the strong center
 with 1-based index s_j, separated from every earlier token by sigma_j beta^{-1/2} at t = 0,
 the lemma applies with any eps > 0 and c = sigma_j / (1 + 2 eps) (the largest c its

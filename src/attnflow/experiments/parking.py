@@ -1,6 +1,6 @@
 """Lemma C.1 and Rényi's parking constant: how many (strong) Rényi centers i.i.d. tokens have.
 
-SCIENCE.md §2 and §4. Tokens are i.i.d. uniform on S^{d-1} (no dynamics: the centers are
+docs/science.md §2 and §4. Tokens are i.i.d. uniform on S^{d-1} (no dynamics: the centers are
 those of the initial configuration).
 
 * Strong centers (Lemma C.1): Monte Carlo counts of `strong_renyi_centers` for n tokens
@@ -155,7 +155,7 @@ def _printed_claim(rows: list[dict[str, Any]]) -> Claim:
     ratios = [r["mc_mean"] / r["printed_paper_E_inf"] for r in near]
     return Claim(
         claim="The printed S^2 formula E_inf = (3 sin^2(delta/2))^{-1} (Lemma C.1)",
-        paper="(3 sin^2(delta/2))^{-1} as printed; SCIENCE.md flags the 3 as a typo",
+        paper="(3 sin^2(delta/2))^{-1} as printed; docs/science.md flags the 3 as a typo",
         measured=f"Monte Carlo / printed formula = {min(ratios):.2f}"
         + (f" to {max(ratios):.2f}" if f"{min(ratios):.2f}" != f"{max(ratios):.2f}" else "")
         + " "

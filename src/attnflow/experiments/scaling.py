@@ -1,6 +1,6 @@
 """How many meta-stable clusters: the count at a fixed time against beta, beside Rényi counts.
 
-SCIENCE.md §2-3. Causal attention with Q = K = V = I on S^{d-1}, d = 2 and 3, n tokens uniform,
+docs/science.md §2-3. Causal attention with Q = K = V = I on S^{d-1}, d = 2 and 3, n tokens uniform,
 beta from 4 to 256. The number of clusters (single linkage at `default_cluster_tol`(beta) =
 beta^{-1/2} / 4, as in fig2) at
 a fixed intermediate time t* is fitted against beta on log-log axes (beta >= `fit_min_beta`,

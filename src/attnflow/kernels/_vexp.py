@@ -19,7 +19,7 @@ Taylor polynomial of degree 7 (truncation error below 1.3e-7).
 Inputs below the smallest normal result (-708.39 in float64, -87.33 in float32) and -inf
 return exactly 0: the kernels only exponentiate scores minus their row maximum (<= 0), where
 such terms are below rounding of the sum, and flushing them avoids the slow subnormal path
-(../shared/BENCHMARKS.md, "float32 exp is slow on subnormal results"). Inputs are assumed
+(measured in benchmarks/RESULTS.md). Inputs are assumed
 <= 709 (float64) or <= 88 (float32); NaN is not propagated.
 """
 

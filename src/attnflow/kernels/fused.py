@@ -5,9 +5,9 @@ For each run b and query i, with allowed keys j in [lo_i, hi_i) (the mask's band
 m memory keys:
 
     s_j = beta <q_i, k_j> (+ bias_ij, + log a_j for memory),   w_j = exp(s_j - max_j s_j),
-    out_i = sum_j w_j v_j / sum_j w_j                                  (SCIENCE.md §1)
+    out_i = sum_j w_j v_j / sum_j w_j                                  (docs/science.md §1)
 
-What makes it fast (../shared/BENCHMARKS.md):
+What makes it fast (benchmarks/RESULTS.md):
 * the masked half of the scores is never computed (a causal row i visits i + 1 keys, not n);
 * runs are the SIMD lanes: LANES runs are transposed into a lane-last tile (n, e, LANES), and
   every inner loop runs over those lanes with a trip count fixed at compile time, so all of

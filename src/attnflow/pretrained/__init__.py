@@ -1,5 +1,5 @@
 """Pretrained Transformers: per-head weights from Hugging Face checkpoints (offline), their
-value and query-key spectra, and attention dynamics with real weights (SCIENCE.md §5, §3).
+value and query-key spectra, and attention dynamics with real weights (docs/science.md §5, §3).
 
     checkpoint  Checkpoint(model_dir): layouts bert / albert / gpt2 / llama, per-layer
                 AttentionLayer (W_Q, W_K, W_V, W_O per head, norm gains), embeddings

@@ -9,7 +9,7 @@ A checkpoint is untrusted input: safetensors files are plain data and read with
 at the offsets the safetensors header gives); ``pytorch_model.bin`` only through
 ``torch.load(..., weights_only=True)``, which refuses any pickle that would run code.
 
-Conventions (SCIENCE.md §5; ARCHITECTURE.md): matrices act on column vectors of the residual
+Conventions (docs/science.md §5; docs/design.md): matrices act on column vectors of the residual
 stream R^d. For head h of a layer with head size d_head:
 
 * W_Q^h, W_K^h, W_V^h : (d_head, d), so q = W_Q^h x;
@@ -17,7 +17,7 @@ stream R^d. For head h of a layer with head size d_head:
 * V_h = W_O^h W_V^h : (d, d), the head's value map on the residual stream;
 * B_h = (W_Q^h)^T W_K^h / sqrt(d_head) : (d, d), so the head's score is x_k^T B_h x_j.
 
-Biases are not read: the dynamics of SCIENCE.md §1 are linear in the tokens.
+Biases are not read: the dynamics of docs/science.md §1 are linear in the tokens.
 
 Layouts, recognised from the tensor names (any prefix such as ``bert.`` is allowed):
 

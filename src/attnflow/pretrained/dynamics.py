@@ -1,4 +1,4 @@
-"""Attention dynamics with the weights of a pretrained Transformer (SCIENCE.md §1, §5).
+"""Attention dynamics with the weights of a pretrained Transformer (docs/science.md §1, §5).
 
 The paper's idealisation: one layer's attention weights are used at every depth (as in
 ALBERT), there is no MLP, and tokens live on the unit sphere. For head h of layer L:

@@ -1,4 +1,4 @@
-"""Per-head value and query-key spectra of a pretrained Transformer (SCIENCE.md §5, §3).
+"""Per-head value and query-key spectra of a pretrained Transformer (docs/science.md §5, §3).
 
 For head h (shapes and conventions in `attnflow.pretrained.checkpoint`):
 
@@ -7,7 +7,7 @@ For head h (shapes and conventions in `attnflow.pretrained.checkpoint`):
   their Jordan structure). lambda_max is the eigenvalue of largest real part *of that nonzero
   spectrum*, as in the paper's figure for albert-xlarge-v2; on the full residual stream V_h also
   has the eigenvalue 0 with multiplicity >= d - d_head, so when lambda_max < 0 the top
-  eigenvalue of V_h itself is 0 (its kernel). The atlas row (SCIENCE.md §3, Table 1) is that of
+  eigenvalue of V_h itself is 0 (its kernel). The atlas row (docs/science.md §3, Table 1) is that of
   W_V^h W_O^h, through `attnflow.predict_configuration`.
 * **Query-key side.** B_h = (W_Q^h)^T W_K^h / sqrt(d_head), so the head's score is
   x_k^T B_h x_j. The effective beta is its spectral norm ||B_h||_2 (largest singular value):
@@ -300,7 +300,7 @@ def write_spectra(model_dir: str | Path, out_dir: str | Path,
 
 def spectra_report(summary: dict[str, Any], figure: str = "spectra.png") -> str:
     """A Markdown section for the report from the dict `write_spectra` returns, beside the
-    paper's findings for albert-xlarge-v2 (SCIENCE.md §5). `figure`: the image's path as the
+    paper's findings for albert-xlarge-v2 (docs/science.md §5). `figure`: the image's path as the
     report should link it."""
     p, g = summary["pretrained"], summary["gaussian"]
 
@@ -323,7 +323,7 @@ def spectra_report(summary: dict[str, Any], figure: str = "spectra.png") -> str:
     ]
     table = "\n".join(f"| {name} | {a} | {b} |" for name, a, b in rows)
     layers = ", ".join(str(layer) for layer in summary["layers"])
-    return f"""## Value and query-key spectra of a pretrained Transformer (SCIENCE.md §5)
+    return f"""## Value and query-key spectra of a pretrained Transformer (docs/science.md §5)
 
 The paper's figure is for **albert-xlarge-v2** (d = 2048, 16 heads of size 128, one layer
 shared by all 24). This run used **{summary["model"]}** ({summary["layout"]} layout, d =
