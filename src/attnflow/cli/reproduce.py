@@ -52,11 +52,7 @@ def reproduce(
     overrides: dict[str, dict] = {"spectra": {"model": str(model)}} if model is not None and \
         "spectra" in chosen else {}
     for item in set_ or []:
-        try:
-            name, key, value = _parse_set(item)
-        except ValueError as err:
-            console.print(f"[red]error:[/red] {err}")
-            raise typer.Exit(2) from None
+        name, key, value = _parse_set(item)
         overrides.setdefault(name, {})[key] = value
     columns = (TextColumn("{task.description:16}"), BarColumn(), TextColumn(
         "{task.percentage:>3.0f}%"), TimeElapsedColumn())
