@@ -340,3 +340,50 @@ def test_layers_from_npz_is_a_stack_with_grouped_query_heads(tmp_path):
         layers_from_npz(tmp_path / "bad.npz")
     with pytest.raises(ValueError, match="layers: expected a readable .npz"):
         layers_from_npz(tmp_path / "missing.npz")
+
+
+def test_cli_simulates_a_noisy_pre_ln_rope_stack_and_records_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from attnflow.cli import app
+
+    rng = np.random.default_rng(21)
+    np.savez(tmp_path / "w.npz", Q=rng.normal(size=(2, 2, 4, 6)),
+             K=rng.normal(size=(2, 2, 4, 6)), V=rng.normal(size=(2, 2, 6, 6)) / 5)
+    out = tmp_path / "run.nc"
+    args = ["simulate", "--layers", str(tmp_path / "w.npz"), "--norm", "pre", "--rope",
+            "100:adjacent", "--alibi", "default", "--noise", "0.1", "--method", "euler",
+            "--dt", "0.1", "--t-end", "2", "--n", "7", "--batch", "2", "--beta", "0.5",
+            "--out", str(out), "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    traj = af.load(out)
+    assert isinstance(traj.model, af.Stack) and len(traj.model) == 2
+    layer = traj.model.layers[1]
+    assert layer.norm == "pre" and layer.encodings[0] == af.RoPE(100.0, "adjacent")
+    assert traj.integrator["noise"] == 0.1 and traj.states.shape == (21, 2, 7, 6)
+    x0 = traj.states[0]
+    again = af.simulate(traj.model, x0, 2.0, save_at=traj.times, method="euler", dt=0.1,
+                        noise=0.1, seed=traj.seed)
+    np.testing.assert_array_equal(again.states, traj.states)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--norm", "middle"], "--norm: expected one of post, pre, peri, ngpt"),
+    (["--rope", "ten"], "--rope: expected none or BASE"),
+    (["--alibi", "0.1,0.2"], "--alibi: expected 1 slopes"),
+    (["--attention", "sinkhorn"], "--attention: expected 'sinkhorn' with mask='full'"),
+    (["--noise", "0.1"], "--method: expected one of euler, geodesic with --noise"),
+    (["--noise", "-1", "--method", "euler"], "--noise: expected sigma >= 0"),
+    (["--norm", "pre", "--method", "geodesic"], "--method: expected a method for states in R^d"),
+])
+def test_cli_family_options_fail_in_one_line(tmp_path, args, message):
+    from typer.testing import CliRunner
+
+    from attnflow.cli import app
+
+    result = CliRunner().invoke(app, ["simulate", "--n", "4", "--t-end", "1", "--out",
+                                      str(tmp_path / "r.nc"), *args])
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "r.nc").exists()

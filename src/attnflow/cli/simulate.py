@@ -12,13 +12,15 @@ from typing import Any
 import numpy as np
 import typer
 
-from attnflow._checks import fail, nonnegative
+from attnflow._checks import fail, nonnegative, number
 from attnflow.analysis._input import radius
 from attnflow.cli import app
 from attnflow.cli._options import given, output_path, renamed, unused
-from attnflow.integrate import METHODS, check_solver_args
+from attnflow.integrate import METHODS, NOISY, check_solver_args
 from attnflow.kernels.masks import mask_from_text
 from attnflow.presets import SPEC_HELP, matrix_from_spec
+from attnflow.stack import segments
+from attnflow.textspec import FAMILY_HELP, family_options, layers_from_npz
 from attnflow.trajectory import FORMATS
 
 Method = Enum("Method", {name: name for name in METHODS}, type=str)
@@ -85,6 +87,14 @@ def simulate(
     text: str = typer.Option(None, help="With --from-model: the text to embed."),
     token_ids: str = typer.Option(None, help="With --from-model: comma-separated token ids "
                                   "instead of --text."),
+    norm: str = typer.Option("post", help=FAMILY_HELP["norm"]),
+    alpha: float = typer.Option(0.2, help=FAMILY_HELP["alpha"]),
+    attention: str = typer.Option("softmax", help=FAMILY_HELP["attention"]),
+    rope: str = typer.Option("none", help=FAMILY_HELP["rope"]),
+    alibi: str = typer.Option("none", help=FAMILY_HELP["alibi"]),
+    noise: float = typer.Option(None, help=FAMILY_HELP["noise"]),
+    layers: Path = typer.Option(None, help=FAMILY_HELP["layers"] + " Replaces --Q, --K, --V "
+                                "and --d; t_end <= L."),
 ) -> None:
     """Simulate attention dynamics from uniform random tokens and write the Trajectory.
 
@@ -110,10 +120,14 @@ def simulate(
                                    progress=progress)
     unused(given(ctx, layer="--layer", head="--head", text="--text", token_ids="--token-ids"),
            "without --from-model")
+    if layers is not None:
+        unused(given(ctx, Q="--Q", K="--K", V="--V", d="--d"), "with --layers")
+    family = family_options(norm, alpha, attention, rope, alibi, names={
+        k: f"--{k}" for k in ("norm", "alpha", "attention", "rope", "alibi")})
     setup = _setup(n=n, d=d, beta=64.0 if beta is None else beta, mask=mask, Q=Q, K=K, V=V,
                    batch=batch, method=method.value, dt=dt, rtol=rtol, atol=atol, t_end=t_end,
                    save_at=save_at, seed=seed, dtype=dtype.value, cluster_tol=cluster_tol,
-                   out=out)
+                   out=out, family=family, noise=noise, layers=layers)
     _run(setup, progress)
 
 
@@ -137,12 +151,14 @@ class Setup:
     seed: int
     cluster_tol: float
     out: Path
+    noise: float | None = None
 
 
 def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, batch: int,
            method: str, dt: float | None, rtol: float | None, atol: float | None,
            t_end: float, save_at: str | None, seed: int, dtype: str,
-           cluster_tol: float | None, out: Path) -> Setup:
+           cluster_tol: float | None, out: Path, family: dict[str, Any] | None = None,
+           noise: float | None = None, layers: Path | None = None) -> Setup:
     """Check every option and build the model and the initial tokens (cheap: no
     integration); a ValueError names the option."""
     from attnflow import Attention
@@ -152,17 +168,30 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
 
     output_path("--out", out, sorted(FORMATS))
     times = parse_times(save_at)
-    with renamed(**SOLVER_OPTIONS, seed="--seed", mask="--mask", Q="--Q", K="--K", V="--V"):
+    with renamed(**SOLVER_OPTIONS, seed="--seed", mask="--mask", Q="--Q", K="--K", V="--V",
+                 noise="--noise", **{k: f"--{k}" for k in ("norm", "alpha", "attention", "rope",
+                                                           "alibi", "bias")}):
         check_solver_args(method, t_end, times, dt, rtol, atol)
         seed = check_seed(seed)
         tol = radius("cluster_tol", cluster_tol) if cluster_tol is not None else \
             default_cluster_tol(nonnegative("beta", beta))
-        matrices = {name: matrix_from_spec(spec, d, name, seed)
-                    for name, spec in (("Q", Q), ("K", K), ("V", V))}
-        model = Attention(**matrices, beta=beta, mask=mask_from_text(mask))
+        family = family or {}
+        if layers is not None:
+            model = layers_from_npz(layers, "--layers", beta=beta, mask=mask_from_text(mask),
+                                    **family)
+            d = d if model.d is None else model.d
+            segments(model, t_end)  # t_end <= the number of layers
+        else:
+            matrices = {name: matrix_from_spec(spec, d, name, seed)
+                        for name, spec in (("Q", Q), ("K", K), ("V", V))}
+            model = Attention(**matrices, beta=beta, mask=mask_from_text(mask), **family)
+        if noise is not None:
+            number("noise", noise, 0.0, expected="sigma >= 0")
+            if method not in NOISY:
+                raise fail("method", f"one of {', '.join(NOISY)} with --noise", repr(method))
     x0 = uniform((batch, n) if batch > 1 else n, d, seed).astype(dtype)
     return Setup(model=model, x0=x0, t_end=t_end, save_at=times, method=method, dt=dt,
-                 rtol=rtol, atol=atol, seed=seed, cluster_tol=tol, out=out)
+                 rtol=rtol, atol=atol, seed=seed, cluster_tol=tol, out=out, noise=noise)
 
 
 def _run(setup: Setup, progress: bool) -> None:
@@ -178,16 +207,19 @@ def _run(setup: Setup, progress: bool) -> None:
         # on the way there would only bury that one line.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            traj = run(setup.model, setup.x0, setup.t_end, save_at=setup.save_at,
-                       method=setup.method, dt=setup.dt, rtol=setup.rtol, atol=setup.atol,
-                       progress=progress, seed=setup.seed)
+            with renamed(**SOLVER_OPTIONS, noise="--noise", brownian_dt="--dt"):
+                traj = run(setup.model, setup.x0, setup.t_end, save_at=setup.save_at,
+                           method=setup.method, dt=setup.dt, rtol=setup.rtol,
+                           atol=setup.atol, progress=progress, seed=setup.seed,
+                           noise=setup.noise)
     except NonFiniteStateError as err:
         raise fail("--Q/--K/--V/--beta/--dt", "settings under which the tokens stay finite",
                    str(err)) from None
     wall = time.perf_counter() - start
     path = traj.save(setup.out)
-    counts = np.atleast_1d(cluster_count(traj.final, setup.cluster_tol))
-    drift = geodesic_distance(traj.final, setup.x0[..., :1, :]).max()
+    final = traj.directions[-1]  # pre- and peri-LN: the clusters are of the directions
+    counts = np.atleast_1d(cluster_count(final, setup.cluster_tol))
+    drift = geodesic_distance(final, setup.x0[..., :1, :]).max()
     print(f"final time        {traj.times[-1]:g}")
     print(f"clusters          {_spread(counts)}  (single linkage, tol {setup.cluster_tol:.3g} "
           "rad)")
