@@ -387,3 +387,15 @@ def test_cli_family_options_fail_in_one_line(tmp_path, args, message):
     assert result.exit_code == 2
     assert message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "r.nc").exists()
+
+
+@pytest.mark.parametrize("options", [dict(norm="pre"), dict(norm="ngpt"), dict(alibi=0.5)])
+def test_implicit_methods_without_an_exact_jacobian_use_finite_differences(options):
+    model = af.Attention(beta=1.0, **options)
+    assert not model.has_exact_jacobian
+    X0 = uniform(5, 3, seed=22)
+    implicit = af.simulate(model, X0, 3.0, save_at=[3.0], method="bdf", rtol=1e-8, atol=1e-10)
+    reference = af.simulate(model, X0, 3.0, save_at=[3.0], method="rk4", dt=0.005)
+    np.testing.assert_allclose(implicit.final, reference.final, atol=1e-6)
+    with pytest.raises(ValueError, match="model: expected post-LN softmax attention"):
+        model.jacobian(X0)

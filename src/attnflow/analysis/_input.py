@@ -21,7 +21,8 @@ def sphere_points(name: str, X: Any, ndim: int | None = None, min_ndim: int = 2)
         raise fail(name, "an array of shape (..., n, d) with n >= 1 and d >= 2", describe(X))
     off = float(np.max(np.abs(np.linalg.norm(X, axis=-1) - 1.0)))
     if off > SPHERE_TOL:
-        raise fail(name, f"unit vectors (points on the sphere, norms within {SPHERE_TOL:g} of 1)",
+        raise fail(name, f"unit vectors (points on the sphere, norms within {SPHERE_TOL:g} of 1;"
+                   " for pre- or peri-LN states pass their directions, Trajectory.directions)",
                    f"norms off 1 by up to {off:.3g}")
     return X
 
