@@ -71,7 +71,7 @@ def band(mask: MaskSpec, n: int, bias: np.ndarray | None = None
         allowed = mask_matrix(mask, n)
         base = np.zeros((n, n)) if bias is None else bias.astype(np.float64)
         return np.zeros(n, np.int64), np.full(n, n, np.int64), np.where(allowed, base, -np.inf)
-    bias = None if bias is None else bias.astype(np.float64)
+    bias = None if bias is None else bias.astype(np.float64, copy=False)
     if mask == "full":
         return np.zeros(n, np.int64), np.full(n, n, np.int64), bias
     if mask == "causal":
@@ -93,6 +93,26 @@ def row_top(lo: np.ndarray, hi: np.ndarray, token_bias: np.ndarray | None,
         inside = (j >= lo[:, None]) & (j < hi[:, None])
         top = np.max(np.where(inside, token_bias, -np.inf), axis=1, initial=-np.inf)
     return np.maximum(top, log_weights.max(initial=-np.inf))
+
+
+@njit(cache=True)
+def _base2_bias(token_bias, lo, hi, log_weights, out, top):
+    """out[:, :n] = log2(e) token_bias, out[:, n:] = log2(e) log_weights (every row), and
+    top[i] = log2(e) `row_top` of row i: the kernel's bias rows in one pass."""
+    n, m = token_bias.shape[0], log_weights.shape[0]
+    mem_top = -np.inf
+    for j in range(m):
+        mem_top = max(mem_top, log_weights[j])
+    for i in range(n):
+        row, b = out[i], token_bias[i]
+        t = mem_top
+        for j in range(n):
+            row[j] = LOG2E * b[j]
+        for j in range(lo[i], hi[i]):
+            t = max(t, b[j])
+        for j in range(m):
+            row[n + j] = LOG2E * log_weights[j]
+        top[i] = LOG2E * t
 
 
 @cache
@@ -177,8 +197,9 @@ def _compile(e: int, f: int, biased: bool):
                     j = lo[i] + r if r < width else n + r - width
                     kj = kt[j]
                     vj = vt[j]
+                    b_j = row[j] if biased else zero
                     for l in range(lanes):  # the one exp loop (one inlined, vectorised vexp2)
-                        x = row[j] + offset[l] if biased else offset[l]
+                        x = offset[l] + b_j if biased else offset[l]
                         for c in range(e):
                             x += qi[c, l] * kj[c, l]
                         w = vexp2(x)
@@ -223,17 +244,16 @@ def attend(
         memory = Memory(np.zeros((0, e)), np.zeros((0, f)), np.zeros(0))
     mem_k, mem_v = (np.ascontiguousarray(a, dtype) for a in memory[:2])
     lo, hi, token_bias = band(mask, n, bias)
-    # Additive score bias (rows: one per query, or one for all), columns: tokens then memory;
-    # top: each row's largest allowed bias (one for all rows without a token bias).
-    bias = np.zeros((1 if token_bias is None else n, n + len(memory.log_weights)), dtype)
-    bias[:, n:] = memory.log_weights
-    top = row_top(lo, hi, token_bias, memory.log_weights)
-    if token_bias is not None:
-        bias[:, :n] = token_bias
-    else:
-        top = top[:1]  # the same for every row (bands are never empty)
-    bias *= LOG2E  # scores in base-2 units: 2^(log2(e) s) = e^s
-    top = (top * LOG2E).astype(dtype)
+    # Additive score bias in base-2 units (2^(log2(e) s) = e^s; rows: one per query, or one
+    # for all), columns: tokens then memory; top: each row's largest allowed bias.
+    bias = np.empty((1 if token_bias is None else n, n + len(memory.log_weights)), dtype)
+    if token_bias is None:
+        bias[:, :n] = 0
+        bias[:, n:] = memory.log_weights * LOG2E
+        top = (row_top(lo[:1], hi[:1], None, memory.log_weights) * LOG2E).astype(dtype)
+    else:  # one compiled pass: the per-call cost stays small beside a share of a few tiles
+        top = np.empty(n, dtype)
+        _base2_bias(token_bias, lo, hi, np.asarray(memory.log_weights, np.float64), bias, top)
     out = np.empty((runs, n, f), dtype)
     if runs and n:
         kernel = _compile(e, f, bool(token_bias is not None or len(memory.log_weights)))

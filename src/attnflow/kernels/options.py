@@ -54,7 +54,7 @@ def check_bias(bias: Any, n: int) -> np.ndarray | None:
             or np.issubdtype(arr.dtype, np.complexfloating)):
         raise fail("bias", f"None or a real ({n}, {n}) array for n = {n} tokens", describe(arr))
     arr = arr.astype(np.result_type(arr.dtype, np.float32), copy=False)
-    if np.isnan(arr).any() or (arr == np.inf).any():
+    if arr.size and not arr.max() < np.inf:  # one pass: max is NaN or +inf if any entry is
         raise fail("bias", "entries finite or -inf (a forbidden key)",
                    f"{int(np.count_nonzero(np.isnan(arr) | (arr == np.inf)))} NaN or +inf "
                    "entries")
