@@ -4,7 +4,7 @@ equation, the long-context correlation against its limits and a direct computati
 
 import numpy as np
 import pytest
-from scipy.integrate import solve_ivp
+from scipy.integrate import quad, solve_ivp
 from scipy.special import iv
 
 import attnflow as af
@@ -13,9 +13,11 @@ from attnflow.analysis import (
     equiangular_start,
     k_star,
     kuramoto_order,
+    noise_threshold,
     output_correlation,
     output_correlation_limit,
     self_weight,
+    uniform_fluctuation,
 )
 
 
@@ -117,3 +119,15 @@ def test_k_star_maximises_k2_ik():
         k = np.arange(1, 200)
         assert k_star(beta) == k[np.argmax(k**2 * iv(k, beta))]
     assert k_star(100.0) == 14 and k_star(9.0) == 4
+
+
+def test_noise_threshold_is_the_mode_one_balance():
+    for beta in (0.5, 4.0, 30.0):
+        # Mode 1 of the linearised drift: <sin^2 u> under the weight e^{beta cos u}.
+        num = quad(lambda u, b=beta: np.exp(b * (np.cos(u) - 1)) * np.sin(u) ** 2, 0,
+                   2 * np.pi)[0]
+        den = quad(lambda u, b=beta: np.exp(b * (np.cos(u) - 1)), 0, 2 * np.pi)[0]
+        np.testing.assert_allclose(noise_threshold(beta), den / num, rtol=1e-10)
+    np.testing.assert_allclose(noise_threshold([0.0, 1e-9]), 2.0, rtol=1e-9)
+    np.testing.assert_allclose(uniform_fluctuation([0.0, 1.0, 1.5], 0.0), [1.0, 2.0, 4.0])
+    assert np.isinf(uniform_fluctuation(2.0, 0.0)) and np.isinf(uniform_fluctuation(5.0, 4.0))

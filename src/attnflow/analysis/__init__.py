@@ -37,9 +37,11 @@ from attnflow.analysis.family import (
     equiangular_start,
     k_star,
     kuramoto_order,
+    noise_threshold,
     output_correlation,
     output_correlation_limit,
     self_weight,
+    uniform_fluctuation,
 )
 from attnflow.analysis.parking import (
     RENYI_PARKING_CONSTANT,
@@ -91,6 +93,7 @@ __all__ = [
     "kuramoto_order",
     "lemma51_bound",
     "log_energy",
+    "noise_threshold",
     "output_correlation",
     "output_correlation_limit",
     "predict_configuration",
@@ -104,4 +107,5 @@ __all__ = [
     "theorem52_conditions",
     "theorem52_max_N",
     "theorem52_min_beta",
+    "uniform_fluctuation",
 ]

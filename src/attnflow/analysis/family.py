@@ -15,6 +15,10 @@
   2 <dtheta_i/dt, theta_k> by symmetry.) `equiangular_start` builds exact starts.
 * Noisy Kuramoto (beta = 0, circle, full attention, noise sqrt(2/kappa)): the order parameter
   settles at the positive root of R = I_1(kappa R) / I_0(kappa R) for kappa > 2, at 0 below.
+  For any beta >= 0 (derived here by linearising the mean-field equation about the uniform
+  density): Fourier mode k grows at the rate k^2 (I_k(beta) / (beta I_0(beta)) - 1/kappa), so
+  the uniform state is stable for kappa < kappa_c(beta) = beta I_0(beta) / I_1(beta) (2 at
+  beta = 0), and there n tokens fluctuate with n E[R^2] = 1 / (1 - kappa / kappa_c(beta)).
 * Long context (one layer, full attention, V = I, beta = gamma log n, equiangular inputs of
   correlation rho): self-weight n^{gamma(1-rho)} / (n^{gamma(1-rho)} + n - 1) and the exact
   correlation of two outputs at finite n; as n -> infinity it tends to 1, 4 rho / (1 + 3 rho)
@@ -39,9 +43,11 @@ __all__ = [
     "equiangular_start",
     "k_star",
     "kuramoto_order",
+    "noise_threshold",
     "output_correlation",
     "output_correlation_limit",
     "self_weight",
+    "uniform_fluctuation",
 ]
 
 NORMS = ("post", "pre", "peri", "ngpt")
@@ -152,6 +158,27 @@ def kuramoto_order(kappa: Any) -> np.ndarray:
             lo = 1e-6 * min(1.0, k - 2.0)
             out[idx] = brentq(f, lo, 1.0, xtol=1e-300, rtol=4 * np.finfo(float).eps)
     return out
+
+
+def noise_threshold(beta: Any) -> np.ndarray:
+    """kappa_c(beta) = beta I_0(beta) / I_1(beta): the uniform density on the circle (full
+    attention, noise sqrt(2/kappa)) is stable for kappa < kappa_c and unstable to Fourier mode 1
+    above; 2 at beta = 0 (the Kuramoto threshold). Vectorised over beta >= 0."""
+    beta = np.asarray(beta, dtype=float)
+    if not np.all(np.isfinite(beta) & (beta >= 0)):
+        raise fail("beta", "finite values >= 0", repr(beta))
+    safe = np.where(beta > 0, beta, 1.0)
+    return np.where(beta > 0, safe * i0e(safe) / i1e(safe), 2.0)
+
+
+def uniform_fluctuation(kappa: Any, beta: Any = 0.0) -> np.ndarray:
+    """n E[R^2] of n tokens in the stable uniform state (kappa < kappa_c(beta)):
+    1 / (1 - kappa / kappa_c(beta)) (linear fluctuation theory: mode 1 decays at
+    (1/kappa)(1 - kappa / kappa_c) while driven by the noise of independent tokens, for which
+    n E[R^2] = 1); inf for kappa >= kappa_c. Vectorised."""
+    ratio = np.asarray(kappa, dtype=float) / noise_threshold(beta)
+    with np.errstate(divide="ignore"):
+        return np.where(ratio < 1.0, 1.0 / (1.0 - np.minimum(ratio, 1.0)), np.inf)
 
 
 def self_weight(n: Any, gamma: Any, rho: Any) -> np.ndarray:
