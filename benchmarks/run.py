@@ -3,6 +3,7 @@ run (absolute times drift on a shared machine; ratios measured together do not).
 
     python benchmarks/run.py            # full sizes (minutes), table appended to RESULTS.md
     python benchmarks/run.py --quick    # small sizes, seconds (the CI smoke test)
+    python benchmarks/run.py --only W5 --runs 1000    # the model family's costs, minutes
 
 W1  the paper's Fig. 3 ensemble: runs x n = 200 x d = 2, beta = 64, causal, Q = K = V = I,
     RK4 dt = 0.05 (t = 150 projected from a few steps). Unit: causal pair-evaluations per
@@ -15,6 +16,12 @@ W2  one field evaluation, n = 65 536, d = 64, causal, random Q, K, V (blocked ke
 W3  n = 200, d = 2, beta = 64, t = 10^4: work-precision of the adaptive methods (dopri5, and
     the implicit bdf, radau, lsoda with the exact Jacobian) against fixed-step RK4.
 W4  the torch backend (CPU threads) on W1 and W2 beside numpy.
+W5  what the model family's options cost at W1 size (fused kernel, float64): W1's RK4 with
+    RoPE and with ALiBi (default slope) as fractions of the exp floor beside plain W1, and
+    the time of one Euler step: plain post-LN, pre-LN, and noisy (Euler-Maruyama,
+    sigma = 0.1). The variants alternate (5 times); medians of the fractions and of the
+    costs relative to the plain run of the same alternation, in CPU time (rate column: pairs
+    per CPU second; fraction: of the floor per CPU second; wall-time fractions in the notes).
 """
 
 from __future__ import annotations
@@ -43,21 +50,23 @@ PAIRS = N * (N + 1) // 2
 ALTERNATIONS = 3  # floor / simulation pairs timed for each fused W1 row (median reported)
 
 
-def best_of(fn, repeats: int = 3) -> float:
-    """Smallest wall time of `repeats` calls (seconds)."""
+def best_of(fn, repeats: int = 3, clock=time.perf_counter) -> float:
+    """Smallest time of `repeats` calls (seconds; wall time unless another clock is given)."""
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return min(times)
 
 
-def exp_floor() -> float:
-    """numpy exp on 40 000 cache-resident float64 (scores range of W1): ns per element."""
+def exp_floor(clock=time.perf_counter) -> float:
+    """numpy exp on 40 000 cache-resident float64 (scores range of W1): ns per element (wall
+    time, or this thread's CPU time with clock=time.thread_time)."""
     x = -np.random.default_rng(0).uniform(0, 2 * BETA, 40_000)
     out = np.empty_like(x)
-    return best_of(lambda: [np.exp(x, out=out) for _ in range(200)], 5) / 200 / x.size * 1e9
+    return best_of(lambda: [np.exp(x, out=out) for _ in range(200)], 5, clock) / 200 / x.size \
+        * 1e9
 
 
 def gemm_rate() -> float:
@@ -134,6 +143,64 @@ except OSError:
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"wall": wall, "err": err, "rss_mb": rss_mb}))
 """
+
+
+def w5(runs: int, steps: int, rows: list, alternations: int = 5) -> None:
+    """The model family's options at W1 size (see the module docstring). On a shared machine
+    wall times swing with other processes' load; CPU times (all threads of this process)
+    much less, so the fractions of the floor are given both ways (the floor per CPU second:
+    numpy exp timed by this thread's CPU clock) and the costs relative to the plain model
+    in CPU time, each against the plain run of the same alternation."""
+    x0 = uniform((runs, N), D, seed=0)
+    plain = af.Attention(beta=BETA, backend="fused")
+    variants = {
+        "W1 RK4, plain": (plain, "rk4", {}),
+        "W1 RK4, RoPE (base 1e4)": (af.Attention(beta=BETA, backend="fused", rope=af.RoPE()),
+                                    "rk4", {}),
+        "W1 RK4, ALiBi (slope 2^-8)": (af.Attention(beta=BETA, backend="fused",
+                                                    alibi=af.ALiBi()), "rk4", {}),
+        "Euler step, post-LN (plain)": (plain, "euler", {}),
+        "Euler step, pre-LN": (af.Attention(beta=BETA, backend="fused", norm="pre"), "euler",
+                               {}),
+        "Euler step, noisy post-LN, sigma 0.1": (plain, "euler", {"noise": 0.1, "seed": 0}),
+    }
+    baseline = {"rk4": "W1 RK4, plain", "euler": "Euler step, post-LN (plain)"}
+
+    def run(model, method, kw):
+        cpu = time.process_time()
+        traj = af.simulate(model, x0, t_end=steps * DT, dt=DT, save_at=[steps * DT],
+                           method=method, normalize=True, **kw)
+        return traj, time.process_time() - cpu
+
+    for model, method, kw in variants.values():  # compile, warm up at full size
+        run(model, method, kw)
+    wall_frac: dict[str, list] = {name: [] for name in variants}
+    cpu_frac: dict[str, list] = {name: [] for name in variants}
+    cpu_step: dict[str, list] = {name: [] for name in variants}
+    cpu_rate: dict[str, list] = {name: [] for name in variants}
+    for _ in range(alternations):
+        for name, (model, method, kw) in variants.items():
+            floor_wall = n_threads() / exp_floor() * 1e9
+            floor_cpu = 1 / exp_floor(time.thread_time) * 1e9  # per CPU second
+            traj, cpu = run(model, method, kw)
+            pairs = runs * PAIRS * traj.n_evals
+            wall_frac[name].append(pairs / traj.wall_time / floor_wall)
+            cpu_rate[name].append(pairs / cpu)
+            cpu_frac[name].append(pairs / cpu / floor_cpu)
+            cpu_step[name].append(cpu / traj.integrator["n_steps"])
+    for name, (_, method, _) in variants.items():
+        base = baseline[method]
+        extra = [c / b - 1 for c, b in zip(cpu_step[name], cpu_step[base])]
+        note = (f"CPU s per step {np.median(cpu_step[name]):.3f}; fraction of the floor by "
+                f"wall time {np.median(wall_frac[name]):.3f} (runs: "
+                + ", ".join(f"{f:.2f}" for f in wall_frac[name]) + "), by CPU time: "
+                + ", ".join(f"{f:.2f}" for f in cpu_frac[name]) + ")")
+        if name != base:
+            note += (f"; **{100 * np.median(extra):+.1f}%** CPU time on the plain step "
+                     f"(median of {alternations} alternations: "
+                     + ", ".join(f"{100 * e:+.0f}%" for e in extra) + ")")
+        rows.append(("W5", name, f"B={runs}", float(np.median(cpu_rate[name])),
+                     float(np.median(cpu_frac[name])), note))
 
 
 def w2(n: int, d: int, rows: list, torch_too: bool) -> None:
@@ -224,18 +291,25 @@ def _loadavg() -> tuple[float, ...]:
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
-    parser.add_argument("--only", default="W1,W2,W3", help="comma-separated workloads")
+    parser.add_argument("--only", default="W1,W2,W3,W5", help="comma-separated workloads")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch rows")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="runs of W1 and W5 (default 5000; 32 with --quick)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per timed W1/W5 run (default 10; 1 with --quick)")
     parser.add_argument("--results", default=str(HERE / "RESULTS.md"),
                         help="Markdown file to append to ('' for none)")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
+    runs = args.runs or (32 if args.quick else 5000)
+    steps = args.steps or (1 if args.quick else 10)
     start = time.perf_counter()
     rows: list = []
     table: list = []
     if "W1" in only:
-        w1(runs=32 if args.quick else 5000, steps=1 if args.quick else 10, rows=rows,
-           torch_too=not args.no_torch)
+        w1(runs=runs, steps=steps, rows=rows, torch_too=not args.no_torch)
+    if "W5" in only:
+        w5(runs=runs, steps=steps, rows=rows, alternations=2 if args.quick else 5)
     if "W2" in only:
         w2(n=512 if args.quick else 65536, d=64, rows=rows, torch_too=not args.no_torch)
     if "W3" in only:
