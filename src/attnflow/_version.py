@@ -1,14 +1,17 @@
-"""The one source of attnflow's version (pyproject.toml reads it from here), and the git commit
-of the source tree when the package runs from a git checkout.
+"""The one source of attnflow's version (pyproject.toml reads it from here), the git commit of
+the source tree when the package runs from a git checkout, and a description of the machine:
+what saved results record about their making.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import platform
 import subprocess
 from pathlib import Path
 
-__all__ = ["__version__", "git_commit", "provenance"]
+__all__ = ["__version__", "git_commit", "machine", "provenance"]
 
 __version__ = "0.1.0"
 
@@ -35,6 +38,20 @@ def git_commit() -> str | None:
 def provenance() -> dict[str, str | None]:
     """{"version": ..., "commit": ...}: what every saved result records about its maker."""
     return {"version": __version__, "commit": git_commit()}
+
+
+@functools.cache
+def machine() -> str:
+    """The machine in words: CPU model, logical CPUs, OS and architecture, Python version."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return (f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.machine()}, "
+            f"Python {platform.python_version()}")
 
 
 def _git(cwd: Path, *args: str) -> str | None:

@@ -78,14 +78,14 @@ def reproduce(
 
 
 def _run_one(name, recipe, params, size, seed, target: Path, report: Progress) -> dict[str, Any]:
-    from attnflow._version import provenance
+    from attnflow._version import machine, provenance
 
     with atomic_path(target) as tmp:
         tmp.mkdir()
         start = time.perf_counter()
         output = recipe.run(params, seed, tmp, report)
         result = {"name": name, "title": recipe.TITLE, "size": size, "seed": seed,
-                  "params": to_jsonable(params), **provenance(),
+                  "params": to_jsonable(params), **provenance(), "machine": machine(),
                   "wall_time": time.perf_counter() - start, **output.to_dict()}
         (tmp / "result.json").write_text(json.dumps(result, indent=1))
     return result

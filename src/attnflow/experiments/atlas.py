@@ -33,7 +33,7 @@ from attnflow.analysis import (
 )
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
 from attnflow.model import Attention
-from attnflow.plot import plot_sphere
+from attnflow.plot import animate, plot_sphere
 from attnflow.simulate import simulate
 from attnflow.sphere import geodesic_distance, uniform
 
@@ -94,7 +94,8 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
         progress((s + 1) / len(settings))
 
     figures = [save_figure(_spheres(shown, params), out, "atlas_trajectories.png"),
-               save_figure(_table(records, params), out, "atlas_table.png")]
+               save_figure(_table(records, params), out, "atlas_table.png"),
+               _movie(next(iter(shown.values()))[0], out)]
     claims = [_row_claim(row, [r for r in records if r["row"] == row], params)
               for row in SPECTRA]
     claims.append(_qk_claim(records, params))
@@ -300,6 +301,13 @@ def _complex_note(records: list[dict[str, Any]]) -> str:
             f"invariant plane of the complex pair and keeps turning in it (final speed "
             f"{speed.min():.2f} to {speed.max():.2f}); {by_qk}. So: rotating clusters in "
             "that plane, not a fixed configuration.")
+
+
+def _movie(traj, out: Path) -> str:
+    """atlas.gif: run 0 of the first atlas row on the sphere (80 frames evenly over the saved
+    times: the dense early saves show the first clusters form)."""
+    animate(traj, out / "atlas.gif", run=0, frames=min(80, len(traj.times)), fps=10, size=320)
+    return "atlas.gif"
 
 
 def _spheres(shown: dict[str, Any], params: dict[str, Any]) -> Figure:

@@ -26,7 +26,7 @@ from attnflow.analysis import (
 )
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
 from attnflow.model import Attention
-from attnflow.plot import plot_circle
+from attnflow.plot import animate, plot_circle
 from attnflow.simulate import simulate
 from attnflow.sphere import geodesic_distance, uniform
 
@@ -64,7 +64,8 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
     one_lost = float(np.mean(followed[i75] - followed[i150] == 1))
     figures = [save_figure(_snapshots(traj, snaps, delta), out, "fig2_snapshots.png"),
                save_figure(_counts(snaps, renyi, strong, followed, counts), out,
-                           "fig2_counts.png")]
+                           "fig2_counts.png"),
+               _movie(x0[0], params, out)]
     table = {f"t={t:g}": {"renyi_recomputed_mean": float(renyi[i].mean()),
                           "strong_recomputed_mean": float(strong[i].mean()),
                           "renyi_followed_surviving_mean": float(followed[i].mean()),
@@ -114,6 +115,16 @@ def _surviving(X: np.ndarray, centers: np.ndarray, tol: float) -> int:
     center's cluster has disappeared)."""
     labels = clusters(X, tol).labels
     return len(set(labels[centers].tolist()))
+
+
+def _movie(x0: np.ndarray, params: dict[str, Any], out: Path) -> str:
+    """fig2.gif: run 0 on the circle, one frame per log-spaced time (clusters form fast and
+    merge slowly, so log time shows both)."""
+    save = np.concatenate([[0.0], np.geomspace(0.5, params["t_end"], 79)])
+    traj = simulate(Attention(beta=params["beta"]), x0, params["t_end"], save_at=save,
+                    method=params["method"], dt=params["dt"])
+    animate(traj, out / "fig2.gif", fps=10, size=320)
+    return "fig2.gif"
 
 
 def _snapshots(traj, snaps: np.ndarray, delta: float) -> Figure:

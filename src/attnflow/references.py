@@ -1,0 +1,70 @@
+"""The papers attnflow reproduces or checks, and which recipe checks which (docs/science.md §6).
+
+`REFERENCES` maps an arXiv id to its `Reference`; `RECIPE_REFERENCES` maps a recipe name to
+the ids of the papers whose claims it checks (the seed paper for the paper's own recipes).
+The report and the documentation cite from here, so a new recipe adds one line below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Reference", "REFERENCES", "RECIPE_REFERENCES", "SEED", "references_of"]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One paper: authors (None where not recorded here: see its arXiv page), title, venue."""
+
+    arxiv: str
+    title: str
+    authors: tuple[str, ...] | None
+    venue: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"https://arxiv.org/abs/{self.arxiv}"
+
+    def text(self) -> str:
+        """One line: 'Authors. Title. Venue. arXiv:id.'"""
+        who = (", ".join(self.authors) + ". ") if self.authors else ""
+        venue = f" {self.venue}." if self.venue else ""
+        return f"{who}{self.title}.{venue} arXiv:{self.arxiv}."
+
+
+SEED = "2411.04990"
+
+REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
+    Reference(SEED, "Clustering in Causal Attention Masking",
+              ("N. Karagodin", "Y. Polyanskiy", "P. Rigollet"), "NeurIPS 2024"),
+    Reference("2305.05465", "The emergence of clusters in self-attention dynamics",
+              ("B. Geshkovski", "C. Letrouit", "Y. Polyanskiy", "P. Rigollet"), "NeurIPS 2023"),
+    Reference("2312.10794", "A mathematical perspective on Transformers",
+              ("B. Geshkovski", "C. Letrouit", "Y. Polyanskiy", "P. Rigollet")),
+    Reference("2512.01868", "The Mean-Field Dynamics of Transformers", ("P. Rigollet",)),
+    Reference("2510.22026", "Normalization in Attention Dynamics",
+              ("N. Karagodin", "S. Ge", "Y. Polyanskiy", "P. Rigollet"), "NeurIPS 2025"),
+    Reference("2510.05554", "Critical attention scaling in long-context transformers",
+              ("S. Chen", "Z. Lin", "Y. Polyanskiy", "P. Rigollet"), "ICLR 2026"),
+    Reference("2410.23228", "Emergence of meta-stable clustering in mean-field transformer "
+              "models", ("G. Bruno", "F. Pasqualotto", "A. Agazzi"), "ICLR 2025"),
+    Reference("2410.06833", "Dynamic metastability in the self-attention model",
+              ("B. Geshkovski", "H. Koubbi", "Y. Polyanskiy", "P. Rigollet")),
+    Reference("2601.21942", "Clustering in Deep Stochastic Transformers", None),
+    Reference("2607.24502", "Self-Attention Dynamics with Rotary Position Embeddings", None),
+    Reference("2605.09213", "Kinetic theory for Transformers and the lost-in-the-middle "
+              "phenomenon", None),
+)}
+
+_PAPER_RECIPES = ("thm41", "atlas", "fig2", "fig3", "parking", "scaling", "lemma51", "frozen",
+                  "causal_vs_full", "spectra")
+RECIPE_REFERENCES: dict[str, tuple[str, ...]] = {
+    **{name: (SEED,) for name in _PAPER_RECIPES},
+    "longcontext": ("2510.05554",),
+    "meanfield": ("2410.23228", "2410.06833"),
+}
+
+
+def references_of(recipe: str) -> list[Reference]:
+    """The papers whose claims `recipe` checks (an unlisted recipe: none)."""
+    return [REFERENCES[i] for i in RECIPE_REFERENCES.get(recipe, ())]
