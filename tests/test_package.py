@@ -7,11 +7,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
-import tomllib
 
 import attnflow as af
 from attnflow import _version
