@@ -12,8 +12,9 @@ import numpy as np
 
 
 def fail(name: str, expected: str, received: Any) -> ValueError:
-    """Build the package's standard error message for a bad argument."""
-    return ValueError(f"{name}: expected {expected}, received {received}")
+    """Build the package's standard error message for a bad argument (one line: line breaks
+    in `received`, e.g. of an array's repr, become spaces)."""
+    return ValueError(f"{name}: expected {expected}, received {' '.join(str(received).split())}")
 
 
 def describe(a: Any) -> str:
@@ -36,7 +37,9 @@ def finite_array(name: str, a: Any, ndim: int | None = None, min_ndim: int | Non
                  dtype: Any = None) -> np.ndarray:
     """Convert to an array and check it is finite (and has the given rank)."""
     try:
-        arr = np.asarray(a, dtype=dtype)
+        arr = np.asarray(a)
+        if not np.issubdtype(arr.dtype, np.complexfloating):  # complex: refused, not cast
+            arr = np.asarray(arr, dtype=dtype)
     except (TypeError, ValueError) as err:
         raise fail(name, "a numeric array", repr(a)) from err
     if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):

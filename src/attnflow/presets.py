@@ -37,7 +37,11 @@ def matrix_from_spec(spec: str, d: int, name: str = "matrix", seed: int | None =
         path = Path(spec)
         if not path.exists():
             raise fail(name, "an existing .npy file", spec)
-        return square_matrix(name, np.load(path, allow_pickle=False), d)
+        try:
+            matrix = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise fail(name, "a readable .npy file of numbers", f"{spec} ({err})") from None
+        return square_matrix(name, matrix, d)
     kind, _, rest = spec.partition(":")
     if kind == "identity" and not rest:
         return None
@@ -65,6 +69,8 @@ def _eigenvalues(name: str, text: str, d: int) -> np.ndarray:
         raise fail(name, "comma-separated real eigenvalues", repr(text)) from None
     if lam.shape != (d,):
         raise fail(name, f"{d} eigenvalues for d = {d}", describe(lam))
+    if not np.all(np.isfinite(lam)):
+        raise fail(name, "finite eigenvalues", repr(text))
     return lam
 
 

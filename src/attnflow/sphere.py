@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from attnflow._checks import as_generator
+from attnflow._checks import as_generator, fail
 
 __all__ = [
     "inner",
@@ -114,5 +114,8 @@ def uniform(
     if int(d) != d or d < 1:
         raise ValueError(f"d: expected an integer >= 1, received {d!r}")
     shape = (shape,) if np.isscalar(shape) else tuple(shape)
+    if not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 0
+               for k in shape):
+        raise fail("shape", "non-negative integer sizes (n or (batch, n))", repr(shape))
     rng = as_generator(seed)
     return normalize(rng.standard_normal((*shape, int(d))))

@@ -13,7 +13,6 @@ import numpy as np
 import typer
 
 from attnflow._checks import fail, nonnegative, number
-from attnflow.analysis._input import radius
 from attnflow.cli import app
 from attnflow.cli._options import given, output_path, renamed, unused
 from attnflow.integrate import METHODS, NOISY, check_solver_args
@@ -105,6 +104,8 @@ def simulate(
     if from_model is not None:
         unused(given(ctx, n="--n", d="--d", mask="--mask", Q="--Q", K="--K", V="--V",
                      batch="--batch", seed="--seed", dtype="--dtype"), "with --from-model")
+        from attnflow.analysis._input import radius
+
         beta = 1.0 if beta is None else beta
         with renamed(**SOLVER_OPTIONS):
             output_path("--out", out, sorted(FORMATS))
@@ -163,6 +164,7 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
     integration); a ValueError names the option."""
     from attnflow import Attention
     from attnflow.analysis import default_cluster_tol
+    from attnflow.analysis._input import radius
     from attnflow.simulate import check_seed
     from attnflow.sphere import uniform
 

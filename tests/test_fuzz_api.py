@@ -1,0 +1,257 @@
+"""Fuzz of the Python API: bad inputs of every kind (wrong types, NaN and inf, empty, wrong
+shapes, bad files, out-of-range and conflicting arguments) each end in a ValueError whose
+message names the argument, never in another exception, a NaN result or a half-written file.
+
+Each case is (call, the argument the message must name). The message format is the
+package's: "<argument>: expected <what>, received <what>" (attnflow._checks.fail).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import attnflow as af
+from attnflow.analysis import cluster_count, consumed_fraction, renyi_centers
+from attnflow.presets import matrix_from_spec
+from attnflow.sphere import uniform
+from attnflow.sweeps import parse_spec
+
+X = uniform(5, 2, 0)  # (5, 2) tokens on the circle
+X3 = uniform(5, 3, 0)
+MODEL = af.Attention(beta=1.0)
+ONE_HEAD = af.Attention(beta=1.0, mask="full")
+GRID = {"beta": 1.0, "n": 4, "d": 2, "t_end": 0.1, "seeds": 1}
+
+
+def sim(x0=X, t_end=0.1, model=MODEL, **kwargs) -> Callable[[], object]:
+    return lambda: af.simulate(model, x0, t_end, **kwargs)
+
+
+def zero_token() -> np.ndarray:
+    x = 2 * X.copy()
+    x[3] = 0.0
+    return x
+
+
+CASES: list[tuple[str, Callable[[], object], str]] = [
+    # ---- Attention: wrong types, non-finite and mis-shaped matrices, bad masks
+    ("beta string", lambda: af.Attention(beta="hot"), "beta"),
+    ("beta nan", lambda: af.Attention(beta=float("nan")), "beta"),
+    ("beta inf", lambda: af.Attention(beta=np.inf), "beta"),
+    ("beta negative", lambda: af.Attention(beta=-1.0), "beta"),
+    ("beta None", lambda: af.Attention(beta=None), "beta"),
+    ("Q with nan", lambda: af.Attention(Q=[[np.nan, 0], [0, 1]]), "Q"),
+    ("K with inf", lambda: af.Attention(K=[[np.inf, 0], [0, 1]]), "K"),
+    ("V not square", lambda: af.Attention(V=np.ones((2, 3))), "V"),
+    ("V 1-d", lambda: af.Attention(V=np.ones(3)), "V"),
+    ("V of strings", lambda: af.Attention(V=[["a", "b"], ["c", "d"]]), "V"),
+    ("V complex", lambda: af.Attention(V=np.eye(2) * 1j), "V"),
+    ("Q and V of different d", lambda: af.Attention(Q=np.eye(2), V=np.eye(3)), "Q, K, V"),
+    ("mask unknown", lambda: af.Attention(mask="diagonal"), "mask"),
+    ("mask window 0", lambda: af.Attention(mask=("window", 0)), "mask"),
+    ("mask not square", lambda: af.Attention(mask=np.ones((3, 4), bool)), "mask"),
+    ("mask of floats", lambda: af.Attention(mask=np.ones((3, 3))), "mask"),
+    ("mask with an empty row", lambda: af.Attention(mask=np.zeros((3, 3), bool)).field(
+        uniform(3, 2, 0)), "mask"),
+    ("combine unknown", lambda: af.Attention(combine="max"), "combine"),
+    ("backend unknown", lambda: af.Attention(backend="cuda9"), "backend"),
+    ("heads empty", lambda: af.Attention(heads=[]), "heads"),
+    ("memory weights zero", lambda: af.Attention(memory=(np.eye(3)[:1], [0.0])), "memory"),
+    ("memory not a pair", lambda: af.Attention(memory=np.eye(3)), "memory"),
+    ("attention_matrix head 1 of 1", lambda: ONE_HEAD.attention_matrix(X, head=1), "head"),
+    ("attention_matrix head -1", lambda: ONE_HEAD.attention_matrix(X, head=-1), "head"),
+    # ---- simulate: x0
+    ("x0 string", sim(x0="tokens"), "x0"),
+    ("x0 None", sim(x0=None), "x0"),
+    ("x0 1-d", sim(x0=X[0]), "x0"),
+    ("x0 no tokens", sim(x0=np.zeros((0, 2))), "x0"),
+    ("x0 batch of no tokens", sim(x0=np.zeros((3, 0, 2))), "x0"),
+    ("x0 with nan", sim(x0=np.where(np.eye(5, 2) > 0, np.nan, X)), "x0"),
+    ("x0 with inf", sim(x0=np.where(np.eye(5, 2) > 0, np.inf, X)), "x0"),
+    ("x0 off the sphere", sim(x0=2 * X), "x0"),
+    ("x0 complex", sim(x0=X.astype(complex)), "x0"),
+    ("x0 wrong d for V", sim(x0=X, model=af.Attention(V=np.eye(3))), "x0"),
+    ("x0 zero vector normalize", sim(x0=zero_token(), normalize=True), "x0"),
+    ("x0 n for a fixed mask", sim(model=af.Attention(mask=np.tril(np.ones((4, 4), bool)))),
+     "x0"),
+    # ---- simulate: times, steps, tolerances, method, seed
+    ("t_end nan", sim(t_end=float("nan")), "t_end"),
+    ("t_end inf", sim(t_end=np.inf), "t_end"),
+    ("t_end negative", sim(t_end=-1.0), "t_end"),
+    ("t_end string", sim(t_end="long"), "t_end"),
+    ("dt zero", sim(dt=0.0), "dt"),
+    ("dt nan", sim(dt=float("nan")), "dt"),
+    ("dt negative", sim(dt=-0.1), "dt"),
+    ("bdf dt beyond the span", sim(method="bdf", dt=5.0, t_end=1.0), "dt"),
+    ("rtol with rk4", sim(rtol=1e-6), "rtol"),
+    ("rtol negative", sim(method="dopri5", rtol=-1e-6), "rtol"),
+    ("atol inf", sim(method="dopri5", atol=np.inf), "atol"),
+    ("method unknown", sim(method="rk45"), "method"),
+    ("method None", sim(method=None), "method"),
+    ("save_at decreasing", sim(save_at=[0.0, 0.08, 0.05]), "save_at"),
+    ("save_at beyond t_end", sim(save_at=[0.0, 3.0]), "save_at"),
+    ("save_at empty", sim(save_at=[]), "save_at"),
+    ("save_at 2-d", sim(save_at=[[0.0, 0.05]]), "save_at"),
+    ("save_at nan", sim(save_at=[0.0, np.nan]), "save_at"),
+    ("seed negative", sim(seed=-1), "seed"),
+    ("seed float", sim(seed=1.5), "seed"),
+    ("seed string", sim(seed="0"), "seed"),
+    ("seed bool", sim(seed=True), "seed"),
+    ("model not a model", sim(model="attention"), "model"),
+    # ---- sphere, presets, analysis
+    ("uniform n negative", lambda: uniform(-1, 2, 0), "shape"),
+    ("uniform d zero", lambda: uniform(3, 0, 0), "d"),
+    ("preset unknown", lambda: matrix_from_spec("spiral", 2, "V"), "V"),
+    ("preset wrong count", lambda: matrix_from_spec("diag:1,2,3", 2, "V"), "V"),
+    ("preset nan eigenvalue", lambda: matrix_from_spec("diag:nan,1", 2, "V"), "V"),
+    ("preset missing file", lambda: matrix_from_spec("missing.npy", 2, "V"), "V"),
+    ("cluster tol negative", lambda: cluster_count(X, -1.0), "tol"),
+    ("cluster tol above pi", lambda: cluster_count(X, 4.0), "tol"),
+    ("cluster tol nan", lambda: cluster_count(X, float("nan")), "tol"),
+    ("cluster X with nan", lambda: cluster_count(np.full((3, 2), np.nan), 0.1), "X"),
+    ("renyi delta nan", lambda: renyi_centers(X, float("nan")), "delta"),
+    ("consumed r negative", lambda: consumed_fraction(X[None], np.array([0]), -1.0), "r"),
+    # ---- sweeps
+    ("sweep grid not a table", lambda: parse_spec({"grid": 3}), "grid"),
+    ("sweep seeds float", lambda: parse_spec({"grid": {**GRID, "seeds": 1.5}}), "grid.seeds"),
+    ("sweep beta nan", lambda: parse_spec({"grid": {**GRID, "beta": float("nan")}}),
+     "grid.beta"),
+    ("sweep n zero", lambda: parse_spec({"grid": {**GRID, "n": 0}}), "grid.n"),
+    ("sweep scheduler unknown", lambda: af.sweep(GRID, scheduler="localhost"), "scheduler"),
+]
+
+
+@pytest.mark.parametrize("call, name", [pytest.param(c, n, id=i) for i, c, n in CASES])
+def test_bad_input_is_a_value_error_naming_the_argument(call, name):
+    with pytest.raises(ValueError) as info:
+        call()
+    message = str(info.value)
+    assert re.match(rf"^[\w\[\]., /]*{re.escape(name)}[\w\[\]., /]*: expected .+, received ",
+                    message), message
+    assert "\n" not in message
+
+
+def test_there_are_at_least_sixty_cases():
+    assert len(CASES) >= 60 and len({i for i, _, _ in CASES}) == len(CASES)
+
+
+# ---------------------------------------------------------------------------- files
+def _bad_files(tmp: Path) -> dict[str, Path]:
+    import xarray as xr
+
+    corrupt = tmp / "corrupt.nc"
+    corrupt.write_bytes(b"\x89HDF\r\n\x1a\n" + b"not a file" * 50)
+    text = tmp / "text.nc"
+    text.write_text("states = 1\n")
+    foreign = tmp / "foreign.nc"
+    xr.Dataset({"a": ("x", np.arange(3))}).to_netcdf(foreign, engine="h5netcdf")
+    empty = tmp / "empty.zarr"
+    empty.mkdir()
+    store = tmp / "sweep.zarr"
+    af.sweep(GRID, {"metrics": ["cluster_count"]}, out=store, scheduler="serial")
+    truncated = tmp / "truncated.nc"
+    af.simulate(MODEL, X, 0.1).save(truncated)
+    truncated.write_bytes(truncated.read_bytes()[:2000])
+    return {"corrupt": corrupt, "text": text, "foreign": foreign, "empty": empty,
+            "sweep store": store, "truncated": truncated}
+
+
+def test_loading_what_is_not_a_run_names_the_file(tmp_path):
+    for kind, path in _bad_files(tmp_path).items():
+        with pytest.raises(ValueError, match=rf"^path: expected a run written by attnflow .*"
+                           rf"received {re.escape(str(path))}") as info:
+            af.load(path)
+        assert "\n" not in str(info.value), kind
+    with pytest.raises(ValueError, match=r"received .*sweep\.zarr, a sweep store"):
+        af.load(tmp_path / "sweep.zarr")
+
+
+def test_a_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
+    traj = af.simulate(MODEL, X, 0.1)
+    target = tmp_path / "run.nc"
+    traj.save(target)
+    before = target.read_bytes()
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    import xarray as xr
+
+    monkeypatch.setattr(xr.Dataset, "to_netcdf", broken)
+    with pytest.raises(OSError, match="disk full"):
+        traj.save(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.nc"]  # no temporaries
+    assert target.read_bytes() == before  # the old file is intact
+
+
+@pytest.fixture
+def umask_027():
+    old = os.umask(0o027)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_outputs_get_the_usual_permissions(tmp_path, umask_027):
+    """Atomically written outputs get 0666/0777 less the umask (0640/0750 under umask 027),
+    not the 0600/0700 of a temporary file or folder."""
+    import matplotlib.pyplot as plt
+
+    from attnflow._files import atomic_path, write_text
+    from attnflow.experiments._recipe import save_figure
+    from attnflow.plot import animate
+    from attnflow.report import write_report
+
+    traj = af.simulate(MODEL, X, 0.1)
+    fig = plt.figure()
+    save_figure(fig, tmp_path, "figure.png")
+    plt.close(fig)
+    with atomic_path(tmp_path / "recipe") as folder:  # as reproduce writes a recipe's folder
+        folder.mkdir()
+        write_text(folder / "result.json", "{}")
+    files = [traj.save(tmp_path / "run.nc"), animate(traj, tmp_path / "movie.gif", frames=2,
+                                                     size=64),
+             tmp_path / "figure.png", tmp_path / "recipe" / "result.json",
+             *write_report([], tmp_path / "report")]
+    folders = [traj.save(tmp_path / "run.zarr"), tmp_path / "recipe"]
+    af.sweep(GRID, {"metrics": ["cluster_count"]}, out=tmp_path / "sweep.zarr",
+             scheduler="serial")
+    folders.append(tmp_path / "sweep.zarr")
+    for path in files:
+        assert oct(path.stat().st_mode & 0o777) == oct(0o640), path
+    for path in folders:
+        assert oct(path.stat().st_mode & 0o777) == oct(0o750), path
+        inner = [p for p in path.rglob("*") if p.is_file()]
+        assert inner and all(p.stat().st_mode & 0o777 == 0o640 for p in inner), path
+    assert not [p for p in tmp_path.rglob(".*")]  # no temporaries left
+
+
+# ---------------------------------------------------------------------------- lead's fixes
+def test_numpy_integer_seeds_are_recorded_as_ints(tmp_path):
+    traj = af.simulate(MODEL, X, 0.1, seed=np.int64(7))
+    assert type(traj.seed) is int and traj.seed == 7
+    assert af.load(traj.save(tmp_path / "run.nc")).seed == 7
+
+
+def test_float32_tokens_from_uniform_are_on_the_sphere():
+    traj = af.simulate(MODEL, X3.astype(np.float32), 0.5)
+    assert traj.states.dtype == np.float32 and np.isfinite(traj.states).all()
+    np.testing.assert_allclose(np.linalg.norm(traj.final, axis=-1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["bdf", pytest.param("radau", marks=pytest.mark.xfail(
+    strict=True, raises=ValueError, reason="lead's fix pending: scipy's Radau overflows "
+    "inside its LU factorisation (ValueError 'array must not contain infs or NaNs') before "
+    "the field or Jacobian turn non-finite"))])
+def test_implicit_blow_up_is_a_non_finite_state_error(method):
+    huge = af.Attention(V=np.diag([1e308, 1e308]), beta=1.0)
+    with pytest.raises(af.NonFiniteStateError, match=r"non-finite at t = "), \
+            np.errstate(all="ignore"):
+        af.simulate(huge, X, 1.0, method=method)
