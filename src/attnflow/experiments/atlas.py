@@ -31,7 +31,14 @@ from attnflow.analysis import (
     distance_to_subspace,
     predict_configuration,
 )
-from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
+from attnflow.experiments._recipe import (
+    NOT_RUN,
+    Claim,
+    Output,
+    Progress,
+    save_figure,
+    verdict,
+)
 from attnflow.model import Attention
 from attnflow.plot import animate, plot_sphere
 from attnflow.simulate import simulate
@@ -59,6 +66,14 @@ QUICK: dict[str, Any] = {"n": 32, "beta": 9.0, "t_end": 500.0, "seeds": 10,
                          "max_cond": 4.0, "tol": 1e-2, "rtol": 1e-6, "n_saves": 300}
 FULL: dict[str, Any] = {**QUICK, "t_end": 5000.0, "seeds": 20}
 FULL_MINUTES = 8
+
+# A row is reproduced when at least AS_PREDICTED of its runs end in the predicted
+# configuration at t_end, partly when at least MAJORITY do (runs in meta-stable clusters
+# inside L are reported but do not count: they are not the configuration the row names).
+AS_PREDICTED, MAJORITY = 0.9, 0.5
+# Q, K "do not matter" in a row when the fractions as predicted (meta-stable included) with
+# identity and random Q, K differ by at most QK_GAP.
+QK_GAP = 0.2
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
@@ -220,25 +235,23 @@ def _row_claim(row: str, records: list[dict[str, Any]], params: dict[str, Any]) 
         parts.append(f"largest distance of a token to L: median {np.median(dist):.2f} rad "
                      f"(max {dist.max():.2f}); fastest token at t_end: median speed "
                      f"{np.median(speed):.1e} (max {speed.max():.1e})")
-    if rate >= 0.9:
-        why = "the predicted configuration in at least 90 % of the runs"
-    elif rate + meta / total >= 0.9:
-        why = ("the runs not yet in one point sit in a few clusters inside L, token 1 at the "
-               "predicted point: consistent with the atlas, whose row is the t -> infinity "
-               "limit; merging far-apart clusters takes a time like exp(beta (1 - cos theta)), "
-               f"beyond t = {params['t_end']:g}")
-    else:
+    why = (f"criterion: at least {AS_PREDICTED:.0%} of the runs as predicted (partly: at least "
+           f"{MAJORITY:.0%}); {rate:.0%} are")
+    if rate < AS_PREDICTED and meta:
+        why += (f"; {meta}/{total} sit in a few clusters inside L with token 1 at the predicted "
+                "point, consistent with the row as the t -> infinity limit but not the "
+                "configuration it names: merging far-apart clusters takes a time like "
+                f"exp(beta (1 - cos theta)), beyond t = {params['t_end']:g}")
+    if rate < AS_PREDICTED:
         best = max(by_qk.items(), key=lambda kv: kv[1][0] / kv[1][2])
-        worst = min(by_qk.items(), key=lambda kv: kv[1][0] / kv[1][2])
-        why = (f"only {rate:.0%} as predicted: with Q, K {best[0]} {best[1][0]}/{best[1][2]}, "
-               f"with Q, K {worst[0]} {worst[1][0]}/{worst[1][2]}")
-        if best[1][0] / best[1][2] >= 0.9:
-            why += " (the row holds for the first, Q and K decide otherwise: see the Q, K row)"
+        if best[1][0] / best[1][2] >= AS_PREDICTED:
+            why += (f"; with Q, K {best[0]} {best[1][0]}/{best[1][2]} as predicted: Q and K "
+                    "decide otherwise (see the Q, K row)")
     return Claim(
         claim=f"Atlas row: eigenvalues {lam} -> {ROWS[row]} (Table 1)",
         paper=_paper_row(row),
         measured="; ".join(parts),
-        verdict=verdict(rate >= 0.9, partly=rate >= 0.5 or rate + meta / total >= 0.9),
+        verdict=verdict(rate >= AS_PREDICTED, partly=rate >= MAJORITY),
         why=why,
     )
 
@@ -262,13 +275,13 @@ def _qk_claim(records: list[dict[str, Any]], params: dict[str, Any]) -> Claim:
     if len(params["qk"]) < 2:
         return Claim(claim="Only V's spectrum decides the final configuration, not Q, K",
                      paper="conjectured (Table 1)", measured="one kind of Q, K only",
-                     verdict=verdict(False), why="not tested at these parameters")
+                     verdict=NOT_RUN, why="not tested at these parameters")
     rates = {}
     for row in SPECTRA:
         mine = [r for r in records if r["row"] == row]
         rates[row] = {qk: _rate(mine, qk) for qk in params["qk"]}
     gaps = {row: max(v.values()) - min(v.values()) for row, v in rates.items()}
-    differ = [row for row, g in gaps.items() if g > 0.2]
+    differ = [row for row, g in gaps.items() if g > QK_GAP]
     return Claim(
         claim="Only V's spectrum decides the final configuration, not Q, K (Table 1)",
         paper="conjecture: the spectrum of V, not Q, K or beta, decides the final configuration",
@@ -277,8 +290,10 @@ def _qk_claim(records: list[dict[str, Any]], params: dict[str, Any]) -> Claim:
             for row in SPECTRA) + f" (random Q, K: one draw per eigenbasis, "
         f"{len(params['bases'])} per row, {params['seeds']} initial configurations each)",
         verdict=verdict(not differ, partly=len(differ) < len(SPECTRA)),
-        why="Q, K change the fraction by at most 20 points in every row" if not differ else
-        f"Q, K matter in rows {', '.join(differ)}: with random Q, K the tokens end elsewhere",
+        why=f"criterion: in every row the kinds of Q, K change the fraction by at most "
+        f"{QK_GAP:.0%} (partly: in some rows); " + (
+            "met" if not differ else f"Q, K matter in rows {', '.join(differ)} (by up to "
+            f"{max(gaps.values()):.0%}): with random Q, K the tokens end elsewhere"),
     )
 
 

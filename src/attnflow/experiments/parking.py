@@ -49,6 +49,11 @@ _JAMMING_RATE = float(np.exp(-2 * np.euler_gamma))
 # z_k standard errors, z_k chosen so that the family fails by chance with probability 1 %
 # (Bonferroni): 2.58 for one comparison, 2.94 for 3, 3.23 for 8.
 _FAMILY_ERROR = 0.01
+# The printed n = inf formula is tested on the settings whose exact E_n is at least this
+# fraction of E_inf, where n tokens stand for the infinite sequence.
+_NEAR_LIMIT = 0.99
+# A family missing z_k but within this many times z_k standard errors is "partly".
+_PARTLY_FACTOR = 2.0
 
 
 def _z_crit(k: int) -> float:
@@ -139,34 +144,44 @@ def _strong_claim(rows: list[dict[str, Any]], d: int, runs: int) -> Claim:
         measured="; ".join(f"n={r['n']}, delta={r['delta']:g}: {r['mc_mean']:.3f} ± "
                            f"{r['mc_se']:.3f} vs exact {r['exact_E_n']:.3f} (z = {r['z']:+.1f})"
                            for r in mine) + f" ({runs} draws each)",
-        verdict=verdict(ok, partly=worst <= 2 * z),
+        verdict=verdict(ok, partly=worst <= _PARTLY_FACTOR * z),
         why=f"every Monte Carlo mean within {worst:.1f} standard errors of the exact value "
         f"(criterion {z:.2f} for {len(mine)} comparisons)"
         if ok else f"a mean is {worst:.1f} standard errors off the exact value (criterion "
-        f"{z:.2f})",
+        f"{z:.2f}; partly within {_PARTLY_FACTOR * z:.2f})",
     )
 
 
 def _printed_claim(rows: list[dict[str, Any]]) -> Claim:
-    # The printed formula is for n = inf: compare where n tokens nearly reach that limit.
-    near = [r for r in rows if r["exact_E_n"] >= 0.99 * r["E_inf"]] or \
+    """The printed E_inf on S^2, tested where n tokens nearly reach the n = inf limit: if the
+    printed formula were right, E_n would lie in [_NEAR_LIMIT, 1] x printed there, so each
+    such Monte Carlo mean must fall in that interval widened by z_k standard errors."""
+    near = [r for r in rows if r["exact_E_n"] >= _NEAR_LIMIT * r["E_inf"]] or \
         [max(rows, key=lambda r: r["exact_E_n"] / r["E_inf"])]
+    z = _z_crit(len(near))
+    misses = [max(_NEAR_LIMIT * r["printed_paper_E_inf"] - r["mc_mean"],
+                  r["mc_mean"] - r["printed_paper_E_inf"], 0.0) / r["mc_se"] for r in near]
+    ok = max(misses) <= z
     big = max(near, key=lambda r: r["mc_mean"])
     ratios = [r["mc_mean"] / r["printed_paper_E_inf"] for r in near]
+    corrected = [r["mc_mean"] / r["E_inf"] for r in near]
+    span = f"{min(ratios):.2f}" + (f" to {max(ratios):.2f}" if f"{min(ratios):.2f}" !=
+                                   f"{max(ratios):.2f}" else "")
     return Claim(
         claim="The printed S^2 formula E_inf = (3 sin^2(delta/2))^{-1} (Lemma C.1)",
-        paper="(3 sin^2(delta/2))^{-1} as printed; docs/science.md flags the 3 as a typo",
-        measured=f"Monte Carlo / printed formula = {min(ratios):.2f}"
-        + (f" to {max(ratios):.2f}" if f"{min(ratios):.2f}" != f"{max(ratios):.2f}" else "")
-        + " "
-        f"where E_n is within 1 % of E_inf ({len(near)} settings); "
-        f"at n={big['n']}, delta={big['delta']:g}: {big['mc_mean']:.3f} vs printed "
+        paper="(3 sin^2(delta/2))^{-1} as printed; docs/science.md §2 flags the 3 as a typo",
+        measured=f"Monte Carlo / printed formula = {span} where E_n is within "
+        f"{1 - _NEAR_LIMIT:.0%} of E_inf ({len(near)} settings); at n={big['n']}, "
+        f"delta={big['delta']:g}: {big['mc_mean']:.3f} ± {big['mc_se']:.3f} vs printed "
         f"{big['printed_paper_E_inf']:.3f}, corrected 1/sin^2(delta/2) = {big['E_inf']:.3f}",
-        verdict=verdict(False),
-        why="the counts are about 3 times the printed value and match 1/sin^2(delta/2): the "
-        "cap of radius delta has normalised area sin^2(delta/2), so the printed 3 is a typo"
-        if all(2.5 < q < 3.2 for q in ratios) else "the counts match neither the printed nor "
-        "(fully) the corrected formula: see the strong-center row",
+        verdict=verdict(ok),
+        why=f"criterion: every mean in [{_NEAR_LIMIT:g}, 1] x printed value within {z:.2f} "
+        "standard errors (what the printed formula implies where E_n is within "
+        f"{1 - _NEAR_LIMIT:.0%} of E_inf); "
+        + ("met" if ok else f"missed by up to {max(misses):.0f} standard errors: the counts "
+           f"are {span} times the printed value and {min(corrected):.3f} to "
+           f"{max(corrected):.3f} times the corrected 1/sin^2(delta/2) (the cap of radius "
+           "delta has normalised area sin^2(delta/2), so the printed 3 is a typo)"),
     )
 
 
@@ -181,11 +196,12 @@ def _renyi_claim(rows: list[dict[str, Any]], runs: int) -> Claim:
                            f"{r['jammed']:.3f} (count delta / 2pi = {r['density']:.4f} ± "
                            f"{r['density_se']:.4f}, z = {r['z']:+.1f})" for r in rows)
         + f" ({runs} draws each, n up to {max(r['n'] for r in rows)} tokens)",
-        verdict=verdict(ok, partly=worst <= 2 * z),
+        verdict=verdict(ok, partly=worst <= _PARTLY_FACTOR * z),
         why=f"every mean within {worst:.1f} standard errors (criterion {z:.2f}) of the jammed "
         f"count 1 + M(2 pi/delta - 1), which differs from c_R 2 pi / delta by at most "
         f"{gap:.1e} here"
-        if ok else f"a mean is {worst:.1f} standard errors off the jammed count",
+        if ok else f"a mean is {worst:.1f} standard errors off the jammed count (criterion "
+        f"{z:.2f}; partly within {_PARTLY_FACTOR * z:.2f})",
     )
 
 
