@@ -109,6 +109,9 @@ def test_dense_unnormalised_overflows_to_inf_not_nan():
     tiny = dense.attend(x, x, v * 1e-300, beta, "full", normalization="unnormalised")
     np.testing.assert_allclose(tiny[0, 0], np.exp(800.0 - 300 * np.log(10) + np.log(2 / 2)),
                                rtol=1e-12)
+    x32, v32 = x.astype(np.float32), v.astype(np.float32)  # e^100 overflows float32
+    out32 = dense.attend(x32, x32, v32, 100.0, "full", normalization="unnormalised")
+    assert out32.dtype == np.float32 and out32.tolist() == [[np.inf, 0.0], [-np.inf, 0.0]]
 
 
 def naive_sinkhorn(s: np.ndarray, iterations: int) -> np.ndarray:

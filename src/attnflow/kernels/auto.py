@@ -38,7 +38,7 @@ def choose(q: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None,
            normalization: Normalization = "softmax") -> Kernel:
     """The kernel `attend` uses for queries q (..., n, e) and values v (..., n, f), with the
     given score bias and normalization: never one that lacks an option the call needs."""
-    need = needed(None if bias is None else np.zeros(0), check_normalization(normalization))
+    need = needed(bias, check_normalization(normalization))
     runs = int(np.prod(np.broadcast_shapes(q.shape[:-2], v.shape[:-2])))
     n = q.shape[-2]
     if (runs >= MIN_RUNS_FUSED and max(q.shape[-1], v.shape[-1]) <= MAX_HEAD_FUSED

@@ -87,10 +87,10 @@ def _unnormalised_output(scores: np.ndarray, values: np.ndarray, count: float) -
     top = np.max(scores, axis=-1, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)  # a row without keys: every weight 0
     inner = np.exp(scores - top) @ values
-    half = np.exp((top - np.log(count)) / 2)
     with np.errstate(over="ignore", invalid="ignore"):
+        half = np.exp((top - np.log(count)) / 2).astype(inner.dtype)
         out = (inner * half) * half
-    return np.where(inner == 0, 0.0, out).astype(out.dtype, copy=False)
+    return np.where(inner == 0, 0, out)
 
 
 def attend(

@@ -62,7 +62,8 @@ def check_bias(bias: Any, n: int) -> np.ndarray | None:
 
 
 def needed(bias: np.ndarray | None, normalization: Normalization) -> frozenset[str]:
-    """The options (names in `ALL`) a call with this bias and normalization needs."""
+    """The options (names in `ALL`) a call with this bias (None or an array) and this
+    canonical normalization needs."""
     opts = set() if bias is None else {"bias"}
     if normalization != "softmax":
         opts.add(normalization if isinstance(normalization, str) else normalization[0])
