@@ -850,12 +850,20 @@ def sweep(
     progress : True for a progress bar on stderr, or a callable receiving (runs finished,
         runs in all), first with the runs an earlier attempt already finished.
 
-    Returns the Dataset of the store: one variable per metric on dims (grid axes..., seed,
-    time), ``states`` on (..., seed, time, token, coord) if kept, ``status`` and ``error`` on
-    (..., seed); the grid fields given as one value are scalar coordinates. Opened lazily from
-    `out` when given.
-    Raises ValueError for a bad spec (naming the field), SweepIncompleteError when tasks could
-    not be finished (the rest is stored; rerun to retry).
+    Returns
+    -------
+    xr.Dataset
+        The Dataset of the store: one variable per metric on dims (grid axes..., seed,
+        time), ``states`` on (..., seed, time, token, coord) if kept, ``status`` and
+        ``error`` on (..., seed); the grid fields given as one value are scalar coordinates.
+        Opened lazily from `out` when given.
+
+    Raises
+    ------
+    ValueError
+        For a bad spec (naming the field).
+    SweepIncompleteError
+        When tasks could not be finished (the rest is stored; rerun to retry).
     """
     if isinstance(grid, SweepSpec):
         if keep is not None or batch is not None or entropy != 0:
