@@ -19,9 +19,9 @@ W4  the torch backend (CPU threads) on W1 and W2 beside numpy.
 W5  what the model family's options cost at W1 size (fused kernel, float64): W1's RK4 with
     RoPE and with ALiBi (default slope) as fractions of the exp floor beside plain W1, and
     the time of one Euler step: plain post-LN, pre-LN, and noisy (Euler-Maruyama,
-    sigma = 0.1). The variants alternate (5 times); medians of the fractions and of the
-    costs relative to the plain run of the same alternation, in CPU time (rate column: pairs
-    per CPU second; fraction: of the floor per CPU second; wall-time fractions in the notes).
+    sigma = 0.1). The variants alternate (5 times); medians of the fractions of the floor
+    (as W1) and of the costs relative to the plain run of the same alternation, in CPU and
+    in wall time.
 """
 
 from __future__ import annotations
@@ -146,11 +146,10 @@ print(json.dumps({"wall": wall, "err": err, "rss_mb": rss_mb}))
 
 
 def w5(runs: int, steps: int, rows: list, alternations: int = 5) -> None:
-    """The model family's options at W1 size (see the module docstring). On a shared machine
-    wall times swing with other processes' load; CPU times (all threads of this process)
-    much less, so the fractions of the floor are given both ways (the floor per CPU second:
-    numpy exp timed by this thread's CPU clock) and the costs relative to the plain model
-    in CPU time, each against the plain run of the same alternation."""
+    """The model family's options at W1 size (see the module docstring). Each run is timed
+    right after its own floor measurement (wall time, as W1). On a shared machine wall times
+    swing with other processes' load, CPU times (all threads of this process) less, so the
+    cost of each option against the plain run of the same alternation is given both ways."""
     x0 = uniform((runs, N), D, seed=0)
     plain = af.Attention(beta=BETA, backend="fused")
     variants = {
@@ -174,33 +173,30 @@ def w5(runs: int, steps: int, rows: list, alternations: int = 5) -> None:
 
     for model, method, kw in variants.values():  # compile, warm up at full size
         run(model, method, kw)
-    wall_frac: dict[str, list] = {name: [] for name in variants}
-    cpu_frac: dict[str, list] = {name: [] for name in variants}
-    cpu_step: dict[str, list] = {name: [] for name in variants}
-    cpu_rate: dict[str, list] = {name: [] for name in variants}
+    keys = ("rate", "fraction", "wall", "cpu")  # per step: wall and CPU seconds
+    seen: dict[str, dict[str, list]] = {name: {k: [] for k in keys} for name in variants}
     for _ in range(alternations):
         for name, (model, method, kw) in variants.items():
-            floor_wall = n_threads() / exp_floor() * 1e9
-            floor_cpu = 1 / exp_floor(time.thread_time) * 1e9  # per CPU second
+            floor = n_threads() / exp_floor() * 1e9
             traj, cpu = run(model, method, kw)
-            pairs = runs * PAIRS * traj.n_evals
-            wall_frac[name].append(pairs / traj.wall_time / floor_wall)
-            cpu_rate[name].append(pairs / cpu)
-            cpu_frac[name].append(pairs / cpu / floor_cpu)
-            cpu_step[name].append(cpu / traj.integrator["n_steps"])
+            rate = runs * PAIRS * traj.n_evals / traj.wall_time
+            steps_done = traj.integrator["n_steps"]
+            for key, value in zip(keys, (rate, rate / floor, traj.wall_time / steps_done,
+                                         cpu / steps_done)):
+                seen[name][key].append(value)
     for name, (_, method, _) in variants.items():
-        base = baseline[method]
-        extra = [c / b - 1 for c, b in zip(cpu_step[name], cpu_step[base])]
-        note = (f"CPU s per step {np.median(cpu_step[name]):.3f}; fraction of the floor by "
-                f"wall time {np.median(wall_frac[name]):.3f} (runs: "
-                + ", ".join(f"{f:.2f}" for f in wall_frac[name]) + "), by CPU time: "
-                + ", ".join(f"{f:.2f}" for f in cpu_frac[name]) + ")")
-        if name != base:
-            note += (f"; **{100 * np.median(extra):+.1f}%** CPU time on the plain step "
-                     f"(median of {alternations} alternations: "
-                     + ", ".join(f"{100 * e:+.0f}%" for e in extra) + ")")
-        rows.append(("W5", name, f"B={runs}", float(np.median(cpu_rate[name])),
-                     float(np.median(cpu_frac[name])), note))
+        mine, base = seen[name], seen[baseline[method]]
+        note = (f"ms per step: wall {1e3 * np.median(mine['wall']):.1f}, CPU "
+                f"{1e3 * np.median(mine['cpu']):.1f}; fractions of the floor beside each run: "
+                + ", ".join(f"{f:.3f}" for f in mine["fraction"]))
+        if name != baseline[method]:
+            for clock in ("cpu", "wall"):
+                extra = [a / b - 1 for a, b in zip(mine[clock], base[clock])]
+                note += (f"; {'CPU' if clock == 'cpu' else 'wall'} time on the plain step "
+                         f"**{100 * np.median(extra):+.1f}%** (median of "
+                         + ", ".join(f"{100 * e:+.0f}%" for e in extra) + ")")
+        rows.append(("W5", name, f"B={runs}", float(np.median(mine["rate"])),
+                     float(np.median(mine["fraction"])), note))
 
 
 def w2(n: int, d: int, rows: list, torch_too: bool) -> None:
