@@ -246,6 +246,21 @@ def test_float32_tokens_from_uniform_are_on_the_sphere():
     np.testing.assert_allclose(np.linalg.norm(traj.final, axis=-1), 1.0, atol=1e-6)
 
 
+def test_a_mask_row_without_keys_is_fine_with_memory_tokens():
+    memory = (np.array([[1.0, 0.0]]), np.array([2.0]))
+    field = af.Attention(mask=np.zeros((3, 3), bool), memory=memory).field(X[:3])
+    assert np.isfinite(field).all() and np.abs(field).max() > 0
+
+
+@pytest.mark.parametrize("beta", [0.0, 1e-300, 1e8])
+@pytest.mark.parametrize("method", ["rk4", "dopri5", "bdf"])
+def test_extreme_but_valid_settings_stay_finite(beta, method):
+    """No NaN from valid input: softmax at beta = 1e8 (scores up to 1e8) or ~0."""
+    traj = af.simulate(af.Attention(beta=beta), X3, 0.5, method=method)
+    assert np.isfinite(traj.states).all()
+    np.testing.assert_allclose(np.linalg.norm(traj.states, axis=-1), 1.0, atol=1e-8)
+
+
 @pytest.mark.parametrize("method", ["bdf", pytest.param("radau", marks=pytest.mark.xfail(
     strict=True, raises=ValueError, reason="lead's fix pending: scipy's Radau overflows "
     "inside its LU factorisation (ValueError 'array must not contain infs or NaNs') before "
