@@ -65,12 +65,8 @@ def reproduce(
             if reused:
                 bar.add_task(f"{name} (reused)", total=1.0, completed=1.0)
 
-        try:
-            run(chosen, size=size, out=out, seed=seed, force=force, overrides=overrides,
-                progress=progress, on_start=on_start)
-        except ValueError as err:
-            console.print(f"[red]error:[/red] {err}")
-            raise typer.Exit(2) from None
+        run(chosen, size=size, out=out, seed=seed, force=force, overrides=overrides,
+            progress=progress, on_start=on_start)
     results = load_results(out)
     md, html = write_report(results, out)
     table = Table("recipe", "claim", "measured", "verdict", show_lines=False)

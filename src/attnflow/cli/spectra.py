@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from attnflow.cli import app
 
@@ -19,7 +18,8 @@ def parse_layers(text: str | None) -> list[int] | None:
     try:
         return [int(v) for v in text.split(",")]
     except ValueError:
-        raise typer.BadParameter(f"expected comma-separated layer indices, got {text!r}") from None
+        raise typer.BadParameter(f"expected comma-separated layer indices, got {text!r}",
+                                 param_hint="--layers") from None
 
 
 @app.command()
@@ -36,12 +36,7 @@ def spectra(
     effective betas ||W_Q^T W_K / sqrt(d_head)||_2, beside a Gaussian-initialised baseline."""
     from attnflow.pretrained import write_spectra
 
-    console = Console(stderr=True)
-    try:
-        summary = write_spectra(model_dir, out, parse_layers(layers), seed)
-    except ValueError as err:
-        console.print(f"error: {err}", style="red", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+    summary = write_spectra(model_dir, out, parse_layers(layers), seed)
     p, g = summary["pretrained"], summary["gaussian"]
     print(f"model             {summary['model']} ({summary['layout']}, d = {summary['d']}, "
           f"d_head = {summary['d_head']}, layers {summary['layers']})")
@@ -71,19 +66,14 @@ def simulate_from_model(model_dir: Path, layer: int, head: int | None, text: str
     progress)."""
     from attnflow.pretrained import run_pretrained
 
-    console = Console(stderr=True)
     try:
         ids = None if token_ids is None else [int(v) for v in token_ids.split(",")]
     except ValueError:
         raise typer.BadParameter(f"expected comma-separated integers, got {token_ids!r}",
                                  param_hint="--token-ids") from None
     tol = 1e-2 if cluster_tol is None else cluster_tol
-    try:
-        result = run_pretrained(model_dir, layer, text=text, token_ids=ids, head=head,
-                                tol=tol, **options)
-    except ValueError as err:
-        console.print(f"error: {err}", style="red", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+    result = run_pretrained(model_dir, layer, text=text, token_ids=ids, head=head, tol=tol,
+                            **options)
     n, d = result.x0.shape
     which = "all heads (summed)" if head is None else f"head {head}"
     print(f"model             {result.model_name}, layer {layer}, {which}")
