@@ -154,6 +154,30 @@ def test_distance_to_subspace():
                                distance_to_subspace(X, L), atol=1e-14)
 
 
+@pytest.mark.parametrize("row", list(ROW_SPECTRA))
+def test_simulated_final_state_matches_prediction_small(row):
+    """The conjecture at a small size that settles fast (n = 8, 4 runs, t = 50, beta as below,
+    symmetric V): every run ends in the predicted configuration; in the two-points row all 8
+    tokens may follow one of +-xi (a run classified "point-in-L" there still sits on the
+    predicted line)."""
+    D = np.array(ROW_SPECTRA[row])
+    V = conjugate(D, R)
+    x0 = uniform((4, 8), 3, seed=7)
+    traj = af.simulate(af.Attention(V=V, beta=1.0 if D[0] > 0 else 9.0), x0, t_end=50.0,
+                       save_at=[50.0], method="dopri5")
+    allowed = {row, "point-in-L"} if row == "two-points" else {row}
+    xi = R[:, 0]  # the top eigenvector of the two-points row
+    for r in range(len(x0)):
+        seen = af.classify_configuration(traj.final[r], V=V, x1_0=x0[r, 0])
+        assert seen.row in allowed and af.predict_configuration(V, x1_0=x0[r, 0]).row == row
+        if row == "two-points":
+            to_line = np.minimum(geodesic_distance(traj.final[r], xi),
+                                 geodesic_distance(traj.final[r], -xi))
+            assert to_line.max() < 1e-2
+        if row == "first-token":  # V = 2 I: Theorem 4.1, the first token's start
+            assert geodesic_distance(traj.final[r], x0[r, 0]).max() < 1e-2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("row", list(ROW_SPECTRA))
 def test_simulated_final_state_matches_prediction(row):
