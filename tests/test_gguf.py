@@ -18,9 +18,15 @@ from tokenizers import pre_tokenizers  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from attnflow.cli import app  # noqa: E402
-from attnflow.pretrained.forward import forward, log_likelihoods, perplexity  # noqa: E402
+from attnflow.pretrained.forward import (  # noqa: E402
+    attention_stack,
+    forward,
+    log_likelihoods,
+    perplexity,
+)
 from attnflow.pretrained.gguf import GGUFModel, is_gguf  # noqa: E402
 from attnflow.pretrained.spectra import write_spectra  # noqa: E402
+from attnflow.simulate import simulate  # noqa: E402
 
 D, H, HKV, E, FF, LAYERS = 32, 4, 2, 8, 64, 2
 EPS, BASE = 1e-5, 500.0
@@ -54,7 +60,8 @@ def permute(W: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_tiny(path, w: dict[str, np.ndarray], arch: str = "llama", quantise: bool = False,
-               extra: dict[str, np.ndarray] | None = None, skip: tuple[str, ...] = ()) -> None:
+               extra: dict[str, np.ndarray] | None = None, skip: tuple[str, ...] = (),
+               eps: float = EPS) -> None:
     """A tiny LLaMA GGUF file (embeddings in Q8_0 when quantise) through gguf.GGUFWriter."""
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("tiny-llama")
@@ -65,7 +72,7 @@ def write_tiny(path, w: dict[str, np.ndarray], arch: str = "llama", quantise: bo
     writer.add_head_count(H)
     writer.add_head_count_kv(HKV)
     writer.add_rope_freq_base(BASE)
-    writer.add_layer_norm_rms_eps(EPS)
+    writer.add_layer_norm_rms_eps(eps)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
     writer.add_token_list(TOKENS)
@@ -240,6 +247,27 @@ def test_rope_scores_depend_only_on_relative_positions(tiny):
     np.testing.assert_allclose(shifted.attention, attn, atol=1e-12)
     assert not np.allclose(forward(m, ids[::-1], attention=True).attention[:, :, -1, ::-1],
                            base.attention[:, :, -1], atol=1e-6)  # positions do matter
+
+
+def test_euler_steps_of_the_attention_stack_are_the_attention_only_forward_pass(tmp_path):
+    """With eps = 0, one Euler step of size 1 per layer of the idealised pre-LN dynamics is the
+    real forward pass without MLP: same states, same attention weights."""
+    path = tmp_path / "eps0.gguf"
+    write_tiny(path, hf_weights(1), eps=0.0)
+    m = GGUFModel(path)
+    ids = [5, 70, 3, 200, 9, 31]
+    stack = attention_stack(m, backend="dense")
+    assert len(stack) == LAYERS and stack.manifold == "euclidean"
+    layer = stack.layers[1]
+    assert layer.heads[0][1] is layer.heads[1][1] and layer.heads[1][1] is not layer.heads[2][1]
+    traj = simulate(stack, m.embed(ids), LAYERS, method="euler", dt=1.0,
+                    save_at=np.arange(LAYERS + 1.0))
+    run = forward(m, ids, attention=True, mlp=False)
+    np.testing.assert_allclose(traj.states, run.hidden, rtol=1e-10, atol=1e-10)
+    for L in range(LAYERS):
+        for h in range(H):
+            np.testing.assert_allclose(stack.layers[L].attention_matrix(run.hidden[L], h),
+                                       run.attention[L, h], atol=1e-12)
 
 
 # ---------------------------------------------------------------------------- tokenizer

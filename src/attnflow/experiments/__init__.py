@@ -10,7 +10,7 @@ import importlib
 from types import ModuleType
 
 NAMES: tuple[str, ...] = ("thm41", "atlas", "fig2", "fig3", "parking", "scaling", "lemma51",
-                          "frozen", "causal_vs_full", "spectra")
+                          "frozen", "causal_vs_full", "spectra", "realmodel")
 
 RECIPES: dict[str, ModuleType] = {
     name: importlib.import_module(f"attnflow.experiments.{name}") for name in NAMES

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.special import expit
@@ -24,7 +25,8 @@ from scipy.special import expit
 from attnflow._checks import fail
 from attnflow.pretrained.gguf import GGUFModel, LlamaBlock, check_ids
 
-__all__ = ["ForwardPass", "forward", "log_likelihoods", "perplexity", "rms_norm"]
+__all__ = ["ForwardPass", "attention_stack", "forward", "log_likelihoods", "perplexity",
+           "rms_norm"]
 
 LOGITS = ("all", "last", "none")
 
@@ -146,3 +148,36 @@ def perplexity(model: GGUFModel, token_ids: Sequence[int]) -> float:
     (uniform guessing gives the vocabulary size)."""
     ids = check_ids(token_ids, model.config.vocab_size)
     return float(np.exp(-np.mean(log_likelihoods(forward(model, ids).logits, ids))))
+
+
+def attention_stack(model: GGUFModel, backend: str = "auto") -> Any:
+    """The model's attention sub-layers as idealised dynamics: an `attnflow.Stack` of one
+    pre-LN `Attention` per layer (layer L acting on [L, L + 1)), no MLP.
+
+    The pre-LN scheme reads the directions theta = x / |x| of the residual stream, and
+    RMSNorm(x) * g = sqrt(d) g * theta (eps aside), so with that factor folded into the weights
+    the heads of layer L are, for query head h and its key/value head kv(h),
+
+        Q_h = sqrt(d) W_Q^h diag(g),  K_h = sqrt(d) W_K^{kv(h)} diag(g)  (e, d),
+        V_h = sqrt(d) W_O^h W_V^{kv(h)} diag(g)  (d, d),  beta = 1 / sqrt(e),
+
+    with RoPE on adjacent pairs (`LlamaConfig.rope`); heads sharing a key/value head share
+    one K array. One explicit Euler step of size 1 per layer is then exactly
+    `forward(model, ids, mlp=False)` when eps = 0 (relative difference about
+    eps / mean(x^2) otherwise); smaller steps follow the continuous-time dynamics.
+    """
+    from attnflow.model import Attention
+    from attnflow.stack import Stack
+
+    c = model.config
+    scale = np.sqrt(c.d)
+    layers = []
+    for index in range(c.n_layers):
+        w = model.layer(index)
+        g = scale * w.norm_gains["attn_norm"]
+        shared = {int(kv): w.W_K[h] * g for h, kv in enumerate(w.kv_head)}
+        heads = [(w.W_Q[h] * g, shared[int(w.kv_head[h])], w.W_O[h] @ (w.W_V[h] * g))
+                 for h in range(c.n_heads)]
+        layers.append(Attention(heads=heads, beta=1.0 / np.sqrt(c.d_head), norm="pre",
+                                rope=c.rope, backend=backend))
+    return Stack(layers)
