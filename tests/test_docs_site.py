@@ -1,0 +1,52 @@
+"""The documentation site's sources: every page in the navigation exists, the getting-started
+page shows the README's two commands verbatim, the API reference covers the public modules.
+(`mkdocs build --strict`, which also checks every link and anchor, runs in .ci/run.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _nav_pages() -> list[str]:
+    text = (ROOT / "mkdocs.yml").read_text()
+    nav = text[text.index("\nnav:"):]
+    return re.findall(r":\s+([\w/.-]+\.md)\s*$", nav, re.M)
+
+
+def test_every_page_of_the_navigation_exists_and_every_page_is_in_it():
+    pages = _nav_pages()
+    assert len(pages) == len(set(pages)) > 20
+    for page in pages:
+        assert (ROOT / "docs" / page).is_file(), page
+    on_disk = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    assert on_disk == set(pages)
+
+
+def test_getting_started_shows_the_readme_commands():
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"```bash\n(.*?)\n```", readme, re.S)[:2]
+    assert commands[1].endswith("python3 -m pytest")
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    for command in commands:
+        assert command in page
+    assert 'pip install -e ".[docs]" && mkdocs build --strict' in readme
+
+
+def test_the_api_reference_covers_the_public_modules():
+    text = "".join(p.read_text() for p in (ROOT / "docs" / "api").glob("*.md"))
+    for name in ("attnflow.model.Attention", "attnflow.simulate.simulate", "attnflow.stack.Stack",
+                 "attnflow.trajectory.Trajectory", "attnflow.sphere", "attnflow.plot",
+                 "attnflow.sweeps", "attnflow.analysis.clusters", "attnflow.analysis.family",
+                 "attnflow.pretrained.spectra", "attnflow.reproduce", "attnflow.report"):
+        assert f"::: {name}\n" in text, name
+
+
+def test_docs_extra_and_ci_build_the_site():
+    project = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^docs = \[.*"mkdocs>=.*"mkdocs-material>=.*"mkdocstrings\[python\]',
+                     project, re.M)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "mkdocs build --strict" in ci and '.[all,torch,test,docs]' in ci
