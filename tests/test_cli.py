@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+from scipy.cluster.hierarchy import fcluster, linkage
 
 import attnflow as af
 
@@ -31,6 +33,40 @@ def test_simulate_end_to_end(tmp_path):
     assert traj.integrator["rtol"] == 1e-7
     # The same seed draws the same initial tokens as the library does.
     assert np.array_equal(traj.states[0], af.sphere.uniform((3, 12), 3, 5))
+
+
+def _printed(stdout: str, label: str) -> str:
+    """The value printed after `label` at the start of a line of `attnflow simulate`."""
+    (line,) = [ln for ln in stdout.splitlines() if ln.startswith(label)]
+    return line[len(label):].strip()
+
+
+def test_simulate_prints_the_measured_values_and_uses_the_eig_preset(tmp_path):
+    out = tmp_path / "run.nc"
+    res = attnflow("simulate", "--n", "12", "--d", "3", "--beta", "4", "--batch", "3",
+                   "--V", "eig:1,0.5,0.2:7", "--t-end", "5", "--method", "rk4", "--dt", "0.05",
+                   "--seed", "2", "--no-progress", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    traj = af.load(out)
+    # eig: P diag(l) P^-1 with a random non-orthogonal P: those eigenvalues, not symmetric
+    V = traj.model.heads[0][2]
+    np.testing.assert_allclose(np.sort(np.linalg.eigvals(V).real), [0.2, 0.5, 1.0], atol=1e-12)
+    assert np.abs(np.linalg.eigvals(V).imag).max() < 1e-12 and np.abs(V - V.T).max() > 0.1
+    assert float(_printed(res.stdout, "final time")) == 5.0
+    assert int(_printed(res.stdout, "field evaluations")) == 4 * 100  # RK4: 4 per step of 0.05
+    # max over runs and tokens of the geodesic distance to the run's initial first token
+    X, x0 = traj.states[-1], traj.states[0]
+    drift = np.arccos(np.clip(np.einsum("rkd,rd->rk", X, x0[:, 0]), -1, 1)).max()
+    assert float(_printed(res.stdout, "max dist to x_1(0)").split()[0]) == pytest.approx(
+        drift, rel=1e-3)
+    # clusters: scipy's single linkage at beta^-1/2 / 4 = 0.125 rad, per run
+    counts = []
+    for x in X:
+        dist = np.arccos(np.clip(x @ x.T, -1, 1))[np.triu_indices(12, 1)]
+        counts.append(len(set(fcluster(linkage(dist, "single"), 0.125, "distance"))))
+    assert _printed(res.stdout, "clusters") == (
+        f"median {np.median(counts):g} (min {min(counts)}, max {max(counts)}) over 3 runs  "
+        "(single linkage, tol 0.125 rad)")
 
 
 def test_simulate_with_an_implicit_method_records_its_jacobians(tmp_path):
