@@ -57,7 +57,7 @@ REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
 )}
 
 _PAPER_RECIPES = ("thm41", "atlas", "fig2", "fig3", "parking", "scaling", "lemma51", "frozen",
-                  "causal_vs_full", "spectra")
+                  "causal_vs_full", "spectra", "realmodel")
 RECIPE_REFERENCES: dict[str, tuple[str, ...]] = {
     **{name: (SEED,) for name in _PAPER_RECIPES},
     "longcontext": ("2510.05554",),
