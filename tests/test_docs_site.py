@@ -4,8 +4,11 @@ page shows the README's two commands verbatim, the API reference covers the publ
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,3 +53,17 @@ def test_docs_extra_and_ci_build_the_site():
                      project, re.M)
     ci = (ROOT / ".ci" / "run").read_text()
     assert "mkdocs build --strict" in ci and '.[all,torch,test,docs]' in ci
+
+
+def test_prose_after_the_colon_becomes_the_description():
+    pytest.importorskip("griffe")
+    spec = importlib.util.spec_from_file_location("prose", ROOT / "docs/_ext/prose_params.py")
+    prose = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prose)
+    doc = ("Run.\n\nParameters\n----------\nx0 : (..., n, d) tokens; leading axes\n    are runs."
+           "\nrtol, atol : tolerances.\n\nReturns a Trajectory : not a parameter.\n\n"
+           "Notes\n-----\na : b stays.")
+    assert prose.rewrite(doc) == (
+        "Run.\n\nParameters\n----------\nx0\n    (..., n, d) tokens; leading axes\n    are runs."
+        "\nrtol, atol\n    tolerances.\n\nReturns a Trajectory : not a parameter.\n\n"
+        "Notes\n-----\na : b stays.")
