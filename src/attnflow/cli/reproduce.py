@@ -1,4 +1,5 @@
-"""`attnflow reproduce`: every claim and figure of the paper, with numbers, pictures, a report."""
+"""`attnflow reproduce`: every claim and figure of the paper and of the follow-up literature,
+with numbers, pictures, a report."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from attnflow.cli import app
 
 @app.command()
 def reproduce(
-    names: list[str] = typer.Argument(None, help="Recipes to run (default: all). "
-                                      "`attnflow reproduce --list` shows them."),
+    names: list[str] = typer.Argument(None, help="Recipes to run (default: all of the "
+                                      "suite). `attnflow reproduce --list` shows them."),
+    suite: str = typer.Option("all", help="paper (the seed paper's recipes), followups (the "
+                              "follow-up literature, a real model) or all."),
     full: bool = typer.Option(False, "--full/--quick", help="The paper's sizes (slow) or the "
                               "quick default sizes (all recipes in minutes)."),
     out: Path = typer.Option(Path("reproduction"), "--out", "-o", help="Output folder."),
@@ -33,19 +36,20 @@ def reproduce(
 
     Finished recipes in OUT are reused when their size, parameters and seed match.
     """
-    from attnflow.experiments import RECIPES
+    from attnflow.experiments import RECIPES, SUITE_OF
     from attnflow.report import claims_table, write_report
-    from attnflow.reproduce import load_results
+    from attnflow.reproduce import load_results, recipe_names
     from attnflow.reproduce import reproduce as run
 
     console = Console()
+    chosen = recipe_names(names, suite)
     if list_:
-        for name, recipe in RECIPES.items():
-            console.print(f"[bold]{name:16}[/bold] {recipe.TITLE}  "
+        for name in chosen:
+            recipe = RECIPES[name]
+            console.print(f"[bold]{name:16}[/bold] {SUITE_OF[name]:10} {recipe.TITLE}  "
                           f"(full size: about {recipe.FULL_MINUTES} min on 2 cores)")
         return
     size = "full" if full else "quick"
-    chosen = names or list(RECIPES)
     if full:
         minutes = sum(RECIPES[n].FULL_MINUTES for n in chosen if n in RECIPES)
         console.print(f"Full sizes: expect about {minutes} minutes on 2 cores.")
@@ -66,7 +70,7 @@ def reproduce(
                 bar.add_task(f"{name} (reused)", total=1.0, completed=1.0)
 
         run(chosen, size=size, out=out, seed=seed, force=force, overrides=overrides,
-            progress=progress, on_start=on_start)
+            progress=progress, on_start=on_start, suite=suite)
     results = load_results(out)
     md, html = write_report(results, out)
     table = Table("recipe", "claim", "measured", "verdict", show_lines=False)

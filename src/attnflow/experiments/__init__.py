@@ -1,7 +1,9 @@
-"""Reproduction recipes: one module per claim or figure of the paper (docs/science.md §§2-5).
+"""Reproduction recipes: one module per claim or figure of the paper (docs/science.md §§2-5),
+and per claim of the follow-up literature (§6) and of real decoders (§7).
 
-`RECIPES` maps each recipe's name to its module, in the order of the report. The contract a
-recipe module fulfils is described in `attnflow.experiments._recipe`.
+`RECIPES` maps each recipe's name to its module, in the order of the report; `SUITES` groups
+them: "paper" (the seed paper), "followups" (the follow-up literature and a real model).
+The contract a recipe module fulfils is described in `attnflow.experiments._recipe`.
 """
 
 from __future__ import annotations
@@ -9,11 +11,17 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-NAMES: tuple[str, ...] = ("thm41", "atlas", "fig2", "fig3", "parking", "scaling", "lemma51",
-                          "frozen", "causal_vs_full", "spectra", "realmodel")
+SUITES: dict[str, tuple[str, ...]] = {
+    "paper": ("thm41", "atlas", "fig2", "fig3", "parking", "scaling", "lemma51", "frozen",
+              "causal_vs_full", "spectra"),
+    "followups": ("normalization", "noise", "longcontext", "energy", "meanfield",
+                  "realmodel"),
+}
+NAMES: tuple[str, ...] = tuple(name for names in SUITES.values() for name in names)
+SUITE_OF: dict[str, str] = {name: suite for suite, names in SUITES.items() for name in names}
 
 RECIPES: dict[str, ModuleType] = {
     name: importlib.import_module(f"attnflow.experiments.{name}") for name in NAMES
 }
 
-__all__ = ["NAMES", "RECIPES"]
+__all__ = ["NAMES", "RECIPES", "SUITES", "SUITE_OF"]

@@ -1,0 +1,219 @@
+"""Mean-field meta-stability on the circle: how many clusters form first, and how they merge
+(*Emergence of meta-stable clustering in mean-field transformer models*, *Dynamic
+metastability in the self-attention model*; docs/science.md §6).
+
+Full attention, Q = K = V = I, d = 2, n tokens uniform at random. From a near-uniform start,
+Fourier mode k of the density grows at a rate proportional to k^2 I_k(beta), so the first
+clusters number about k* = argmax_k k^2 I_k(beta) (`k_star`, about sqrt(2 beta)). Measured:
+the single-linkage cluster count (tolerance beta^{-1/2} / 4) at the end of the first phase,
+t1, against k* for beta from 4 to 100 (RK4).
+
+Afterwards clusters merge one pair at a time, after waiting times that grow like e^{c beta},
+and the interaction energy E_beta (`energy`) is a staircase: plateaus at saddles, jumps at
+merges. Measured on fewer tokens over long times (LSODA with the exact Jacobian): the share
+of the energy's increase after t1 that falls in the windows of the merges (the save interval
+where the cluster count drops, the `merge_window` = (before, after) intervals around it: the
+two clusters' final approach; saves are log-spaced), and the time T_1 at which one cluster
+remains, against beta (fit log T_1 = a + c beta).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from attnflow.analysis import cluster_count, default_cluster_tol, k_star, log_energy
+from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
+from attnflow.model import Attention
+from attnflow.simulate import simulate
+from attnflow.sphere import uniform
+
+NAME = "meanfield"
+TITLE = "Mean-field meta-stability on the circle: k* first clusters, then saddle-to-saddle merges"
+QUICK: dict[str, Any] = {
+    "n": 200, "runs": 4, "betas": [4, 9, 16, 25, 49, 100], "t1": 10.0, "dt": 0.05,
+    "count_tol": 0.25, "slope_tol": 0.1,
+    "merge_n": 32, "merge_runs": 6, "merge_betas": [3, 4, 5, 6], "merge_t_end": 1e6,
+    "merge_saves": 240, "merge_window": [2, 1], "staircase_share": 0.9,
+}
+FULL: dict[str, Any] = {**QUICK, "n": 1000, "runs": 8, "merge_runs": 24,
+                        "merge_betas": [3, 4, 5, 6, 7]}
+FULL_MINUTES = 15
+
+
+def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
+    streams = np.random.SeedSequence(seed).spawn(2)
+    first = _first_phase(params, np.random.default_rng(streams[0]),
+                         lambda f: progress(0.5 * f))
+    merging = _merging(params, np.random.default_rng(streams[1]),
+                       lambda f: progress(0.5 + 0.5 * f))
+    claims = [_first_claim(first, params), _staircase_claim(merging, params),
+              _waiting_claim(merging, params)]
+    figures = [save_figure(_figure(first, merging, params), out, "meanfield.png")]
+    numbers = {"first_phase": first, "merging": {k: v for k, v in merging.items()
+                                                 if k != "example"},
+               "example": merging["example"]}
+    notes = [f"First phase: n = {params['n']}, {params['runs']} runs per beta, RK4 dt = "
+             f"{params['dt']:g} to t1 = {params['t1']:g}; clusters by single linkage at "
+             "beta^-1/2 / 4. Merging: n = "
+             f"{params['merge_n']}, {params['merge_runs']} runs per beta, LSODA (rtol 1e-6) "
+             f"to t = {params['merge_t_end']:g}, {params['merge_saves']} log-spaced saves; a "
+             "run that never reaches one cluster counts as T_1 = inf (medians stay finite "
+             "while fewer than half the runs are censored)."]
+    return Output(numbers, claims, figures, notes)
+
+
+def _first_phase(params, rng, progress) -> dict[str, Any]:
+    betas = [float(b) for b in params["betas"]]
+    x0 = uniform((params["runs"], params["n"]), 2, rng)
+    counts = []
+    for i, beta in enumerate(betas):
+        traj = simulate(Attention(beta=beta, mask="full"), x0, params["t1"],
+                        save_at=[0.0, params["t1"]], method="rk4", dt=params["dt"])
+        counts.append(cluster_count(traj.final, default_cluster_tol(beta)))
+        progress((i + 1) / len(betas))
+    counts = np.array(counts)  # (betas, runs)
+    mean = counts.mean(axis=1)
+    kstar = np.array([k_star(b) for b in betas])
+    log_b = np.log(betas)
+    return {"betas": betas, "counts": counts, "mean": mean,
+            "se": counts.std(axis=1, ddof=1) / np.sqrt(counts.shape[1]), "k_star": kstar,
+            "slope": float(np.polyfit(log_b, np.log(mean), 1)[0]),
+            "slope_k_star": float(np.polyfit(log_b, np.log(kstar), 1)[0])}
+
+
+def _merging(params, rng, progress) -> dict[str, Any]:
+    n, runs, t_end = params["merge_n"], params["merge_runs"], float(params["merge_t_end"])
+    times = np.concatenate([[0.0], np.geomspace(0.1, t_end, params["merge_saves"])])
+    after = times > params["t1"]
+    betas = [float(b) for b in params["merge_betas"]]
+    x0 = uniform((runs, n), 2, rng)
+    t_one, plateaus, share, covered, example = [], [], [], [], None
+    for i, beta in enumerate(betas):
+        model = Attention(beta=beta, mask="full")
+        T1, durations, rises, in_merges, in_window = [], [], 0.0, 0.0, 0
+        for r in range(runs):
+            traj = simulate(model, x0[r], t_end, save_at=times, method="lsoda")
+            count = cluster_count(traj.states, default_cluster_tol(beta))
+            logE = log_energy(traj.states, beta)
+            step = np.diff(logE)[after[1:]]
+            merge = _windows(np.diff(count) < 0, *params["merge_window"])[after[1:]]
+            rises += float(np.clip(step, 0, None).sum())
+            in_merges += float(np.clip(step[merge], 0, None).sum())
+            in_window += int(merge.sum())
+            single = np.flatnonzero((count == 1) & after)
+            T1.append(float(times[single[0]]) if single.size else float("inf"))
+            drops = times[1:][(np.diff(count) < 0) & after[1:]]
+            durations.extend(np.diff(np.concatenate([[params["t1"]], drops])).tolist())
+            if example is None and i == len(betas) // 2 and np.sum(np.diff(count) < 0) >= 2:
+                example = {"beta": beta, "times": times, "count": count, "log_energy": logE}
+            progress((i * runs + r + 1) / (len(betas) * runs))
+        t_one.append(T1)
+        plateaus.append(durations)
+        share.append(in_merges / rises if rises > 0 else float("nan"))
+        covered.append(in_window / (runs * int(after[1:].sum())))
+    t_one_arr = np.array(t_one)
+    median = np.median(t_one_arr, axis=1)
+    finite = np.isfinite(median)
+    fit = (np.polyfit(np.array(betas)[finite], np.log(median[finite]), 1)
+           if finite.sum() >= 2 else np.array([np.nan, np.nan]))
+    return {"betas": betas, "t_one": t_one_arr, "t_one_median": median,
+            "plateau_durations": plateaus, "energy_share_in_merges": share,
+            "window_share_of_intervals": covered,
+            "fit_c": float(fit[0]), "fit_a": float(fit[1]), "example": example}
+
+
+def _windows(drops: np.ndarray, before: int, after: int) -> np.ndarray:
+    """Boolean mask of the save intervals within (before, after) intervals of a drop."""
+    out = drops.copy()
+    for i in np.flatnonzero(drops):
+        out[max(i - before, 0):i + after + 1] = True
+    return out
+
+
+def _first_claim(first, params) -> Claim:
+    ratio = first["mean"] / first["k_star"]
+    within = bool(np.all(np.abs(ratio - 1.0) <= params["count_tol"]))
+    slope_ok = abs(first["slope"] - first["slope_k_star"]) <= params["slope_tol"]
+    return Claim(
+        claim="The first phase forms about k* = argmax k^2 I_k(beta) clusters",
+        paper="Fourier mode k grows at a rate ~ k^2 I_k(beta) (docs/science.md §6)",
+        measured="mean clusters at t1 / k*: " + ", ".join(
+            f"beta={b:g}: {m:.1f}/{k}" for b, m, k in
+            zip(first["betas"], first["mean"], first["k_star"]))
+        + f"; log-log slope {first['slope']:.3f} vs k*'s {first['slope_k_star']:.3f}",
+        verdict=verdict(within and slope_ok, partly=within or slope_ok),
+        why=f"criterion: every mean count within {params['count_tol']:.0%} of k* and slopes "
+        f"within {params['slope_tol']:g}")
+
+
+def _staircase_claim(merging, params) -> Claim:
+    share = np.array(merging["energy_share_in_merges"])
+    ok = bool(np.all(share >= params["staircase_share"]))
+    return Claim(
+        claim="After the first phase the energy is a staircase (jumps at merges)",
+        paper="clusters merge one pair at a time, saddle to saddle (§6)",
+        measured="share of the energy's rise after t1 in the windows of the merges: "
+        + ", ".join(f"beta={b:g}: {s:.3f}" for b, s in zip(merging["betas"], share))
+        + " (the windows cover " + ", ".join(
+            f"{c:.0%}" for c in merging["window_share_of_intervals"]) + " of the intervals)",
+        verdict=verdict(ok),
+        why=f"criterion: at least {params['staircase_share']:g} at every beta (window: the "
+        f"drop's save interval, {params['merge_window'][0]} before, "
+        f"{params['merge_window'][1]} after)")
+
+
+def _waiting_claim(merging, params) -> Claim:
+    med = merging["t_one_median"]
+    finite = np.isfinite(med)
+    increasing = bool(np.all(finite) and np.all(np.diff(med) > 0))
+    grows = np.isfinite(merging["fit_c"]) and merging["fit_c"] > 0
+    return Claim(
+        claim="Waiting times for the merges grow exponentially with beta",
+        paper="waiting times ~ e^{c beta} (§6)",
+        measured="median time to one cluster: " + ", ".join(
+            f"beta={b:g}: {m:.3g}" for b, m in zip(merging["betas"], med))
+        + f"; fit log T_1 = a + c beta: c = {merging['fit_c']:.2f}",
+        verdict=verdict(increasing and grows, partly=grows),
+        why="criterion: the median strictly increasing in beta (none censored) and c > 0")
+
+
+def _figure(first, merging, params) -> Figure:
+    fig = Figure(figsize=(14.0, 4.2))
+    ax, bx, cx = fig.subplots(1, 3)
+    betas = np.array(first["betas"])
+    ax.errorbar(betas, first["mean"], yerr=first["se"], fmt="o", label="clusters at t1")
+    ax.plot(betas, first["k_star"], "s", mfc="none", label="k* = argmax k^2 I_k(beta)")
+    fine = np.geomspace(betas[0], betas[-1], 50)
+    ax.plot(fine, np.sqrt(2 * fine), "k--", lw=1, label="sqrt(2 beta)")
+    ax.set(xscale="log", yscale="log", xlabel="beta", ylabel="clusters",
+           title=f"first phase: n = {params['n']}, t1 = {params['t1']:g}")
+    ax.legend()
+    ax.grid(alpha=0.3, which="both")
+    ex = merging["example"]
+    if ex is not None:
+        t = ex["times"][1:]
+        bx.plot(t, ex["log_energy"][1:] - ex["log_energy"][0], color="tab:red")
+        bx.set(xscale="log", xlabel="t", ylabel="log E(t) - log E(0)",
+               title=f"one run, n = {params['merge_n']}, beta = {ex['beta']:g}")
+        twin = bx.twinx()
+        twin.step(t, ex["count"][1:], where="post", color="tab:blue")
+        twin.set_ylabel("clusters", color="tab:blue")
+        bx.grid(alpha=0.3)
+    mb = np.array(merging["betas"])
+    for b, T in zip(mb, merging["t_one"]):
+        cx.plot(np.full(len(T), b), np.where(np.isfinite(T), T, np.nan), "o", color="0.6",
+                ms=3)
+    cx.plot(mb, merging["t_one_median"], "D", color="tab:blue", label="median")
+    if np.isfinite(merging["fit_c"]):
+        cx.plot(mb, np.exp(merging["fit_a"] + merging["fit_c"] * mb), "k--", lw=1,
+                label=f"exp(a + c beta), c = {merging['fit_c']:.2f}")
+    cx.set(yscale="log", xlabel="beta", ylabel="time to one cluster T_1",
+           title=f"merging: n = {params['merge_n']}, {params['merge_runs']} runs")
+    cx.legend()
+    cx.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    return fig
