@@ -60,6 +60,9 @@ _PAPER_RECIPES = ("thm41", "atlas", "fig2", "fig3", "parking", "scaling", "lemma
                   "causal_vs_full", "spectra", "realmodel")
 RECIPE_REFERENCES: dict[str, tuple[str, ...]] = {
     **{name: (SEED,) for name in _PAPER_RECIPES},
+    "normalization": ("2510.22026",),
+    "noise": ("2601.21942", "2512.01868"),
+    "energy": ("2312.10794", "2512.01868"),
     "longcontext": ("2510.05554",),
     "meanfield": ("2410.23228", "2410.06833"),
 }

@@ -135,7 +135,7 @@ def _markdown(results: list[dict[str, Any]]) -> str:
         lines += [f"* {note}" for note in res.get("notes", [])]
         for fig in res["figures"]:
             text = caption(res["name"], fig) or fig
-            lines += ["", f"![{_md_cell(text)}]({res['name']}/{fig})", "", f"*{text}*"]
+            lines += ["", f"![{fig}]({res['name']}/{fig})", "", f"*{text}*"]
     lines += ["", "## References", ""]
     lines += [f"* {REFERENCES[i].text()}" for i in _cited(results)]
     return "\n".join(lines) + "\n"
