@@ -3,6 +3,10 @@ forms they compare with, and their verdict logic on both sides of each criterion
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -168,3 +172,12 @@ def test_normalization_laws_and_fits(tmp_path):
     assert normalization._law_ok(e, 0.05)
     assert not normalization._law_ok({**e, "fit": {"law": "power", "rate": 2.2}}, 0.05)
     assert not normalization._law_ok({**e, "fit": {"law": "exponential", "rate": 2.0}}, 0.05)
+
+
+def test_cli_lists_a_suite():
+    run = subprocess.run([sys.executable, "-m", "attnflow", "reproduce", "--list", "--suite",
+                          "followups"], capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert run.returncode == 0
+    listed = [line.split()[0] for line in run.stdout.splitlines() if line.strip()]
+    assert listed == list(SUITES["followups"])
