@@ -470,6 +470,7 @@ def test_run_pretrained_first_token_follows_the_single_token_flow(tmp_path):
 
 
 def test_cli_simulate_from_model(tmp_path):
+    from scipy.cluster.hierarchy import fcluster, linkage
     from typer.testing import CliRunner
 
     from attnflow.cli import app
@@ -481,10 +482,24 @@ def test_cli_simulate_from_model(tmp_path):
         "simulate", "--from-model", str(model), "--layer", "1", "--head", "0",
         "--token-ids", "3,1,4", "--t-end", "1", "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
-    assert "atlas prediction" in result.output and "causal" in result.output
+    lines = result.output.splitlines()
+    # the predicted row from numpy's spectrum of V_h = W_O^h W_V^h (layer 1, head 0)
+    lam = np.linalg.eigvals(Checkpoint(model).layer(1).value_map(0))
+    top = lam[np.argmax(lam.real)]
+    (pred,) = [ln for ln in lines if ln.startswith("atlas prediction")]
+    assert ("not covered" in pred) if abs(top.imag) > 1e-9 else (
+        f"lambda_max = {top.real:.6g}" in pred)
     for mask in ("causal", "full"):
         traj = af.load(tmp_path / f"run_{mask}.nc")
         assert traj.model.mask == mask and traj.states.shape[-2:] == (3, D)
+        # the printed numbers of this run, from the saved trajectory
+        (line,) = [ln for ln in lines if ln.startswith(mask)]
+        X, x1 = traj.final, traj.states[0, 0]
+        drift = np.arccos(np.clip(X @ x1, -1, 1)).max()
+        assert f"max dist to x_1(0) {drift:.3g}" in line
+        dist = np.arccos(np.clip(X @ X.T, -1, 1))[np.triu_indices(3, 1)]
+        k = len(set(fcluster(linkage(dist, "single"), 1e-2, "distance")))
+        assert f": {k} clusters at tol 0.01 rad" in line
     bad = CliRunner().invoke(app, ["simulate", "--from-model", str(model), "--token-ids", "3,x"])
     assert bad.exit_code == 2 and "comma-separated integers" in bad.output
 
