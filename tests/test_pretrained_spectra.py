@@ -139,6 +139,18 @@ def test_write_spectra_and_cli(tmp_path):
                                       "--layers", "1"])
     assert result.exit_code == 0, result.output
     assert "tiny-bert" in result.output and "negative heads" in result.output
+    # the printed counts of the pretrained column, from numpy's spectra of W_V^h W_O^h (the
+    # nonzero spectrum of V_h, as in the paper)
+    layer = Checkpoint(model).layer(1)
+    tops = [lam[np.argmax(lam.real)] for lam in
+            (np.linalg.eigvals(layer.W_V[h] @ layer.W_O[h]) for h in range(4))]
+    real = [t.real for t in tops if abs(t.imag) < 1e-9]
+    expect = {"heads": 4, "lambda_max complex": 4 - len(real),
+              "lambda_max real negative": sum(r < 0 for r in real),
+              "lambda_max real positive": sum(r > 0 for r in real)}
+    for label, count in expect.items():
+        (line,) = [ln for ln in result.output.splitlines() if ln.startswith(label + " ")]
+        assert int(line[len(label):].split()[0]) == count, line
     rows = list(csv.DictReader(open(tmp_path / "out" / "heads.csv")))
     assert [(r["source"], r["layer"], r["head"]) for r in rows] == \
         [(src, "1", str(h)) for src in ("pretrained", "gaussian") for h in range(4)]
