@@ -35,8 +35,8 @@ The spec (a TOML file, or the same nested mapping in Python)::
     metrics = ["max_distance_to_first", "cluster_count"]   # default: all of METRICS
     states = false              # also keep the saved states (padded with NaN to max n, d)
     cluster_tol = 0.05          # rad; default beta^{-1/2} / 4 per run (1e-2 when beta = 0)
-    delta_scale = 4.0           # Rényi radius delta = delta_scale beta^{-1/2} (science.md §3)
-    r_scale = 1.0               # consumption radius r = r_scale beta^{-1/2} (science.md §4)
+    delta_scale = 4.0           # Rényi radius delta = delta_scale beta^-1/2 (docs/science.md §3)
+    r_scale = 1.0               # consumption radius r = r_scale beta^-1/2 (docs/science.md §4)
 
 Radii are capped at pi (beta = 0 gives pi).
 
