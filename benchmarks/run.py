@@ -192,9 +192,11 @@ def w5(runs: int, steps: int, rows: list, alternations: int = 5) -> None:
         if name != baseline[method]:
             for clock in ("cpu", "wall"):
                 extra = [a / b - 1 for a, b in zip(mine[clock], base[clock])]
+                best = min(mine[clock]) / min(base[clock]) - 1
                 note += (f"; {'CPU' if clock == 'cpu' else 'wall'} time on the plain step "
                          f"**{100 * np.median(extra):+.1f}%** (median of "
-                         + ", ".join(f"{100 * e:+.0f}%" for e in extra) + ")")
+                         + ", ".join(f"{100 * e:+.0f}%" for e in extra)
+                         + f"; fastest against fastest {100 * best:+.1f}%)")
         rows.append(("W5", name, f"B={runs}", float(np.median(mine["rate"])),
                      float(np.median(mine["fraction"])), note))
 
@@ -293,6 +295,9 @@ def main(argv: list[str] | None = None) -> str:
                         help="runs of W1 and W5 (default 5000; 32 with --quick)")
     parser.add_argument("--steps", type=int, default=None,
                         help="steps per timed W1/W5 run (default 10; 1 with --quick)")
+    parser.add_argument("--alternations", type=int, default=None,
+                        help="W5: timed runs of each variant, alternating (default 5; 2 with "
+                             "--quick)")
     parser.add_argument("--results", default=str(HERE / "RESULTS.md"),
                         help="Markdown file to append to ('' for none)")
     args = parser.parse_args(argv)
@@ -305,7 +310,8 @@ def main(argv: list[str] | None = None) -> str:
     if "W1" in only:
         w1(runs=runs, steps=steps, rows=rows, torch_too=not args.no_torch)
     if "W5" in only:
-        w5(runs=runs, steps=steps, rows=rows, alternations=2 if args.quick else 5)
+        w5(runs=runs, steps=steps, rows=rows,
+           alternations=args.alternations or (2 if args.quick else 5))
     if "W2" in only:
         w2(n=512 if args.quick else 65536, d=64, rows=rows, torch_too=not args.no_torch)
     if "W3" in only:
