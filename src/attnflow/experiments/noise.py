@@ -84,7 +84,8 @@ def block_mean_se(series: np.ndarray, times: np.ndarray, start: float, block: fl
     return float(v.mean()), float(v.std(ddof=1) / np.sqrt(v.size))
 
 
-def _noisy(model, x0, params, kappa, t_end, dt, seed) -> Any:
+def _noisy(model, x0, kappa, t_end, dt, seed) -> Any:
+    """A geodesic Euler-Maruyama run at noise sqrt(2 / kappa), saved every 0.5."""
     times = np.arange(0.0, t_end + dt / 2, 0.5)
     return simulate(model, x0, t_end, save_at=times, method="geodesic", dt=dt,
                     noise=float(np.sqrt(2.0 / kappa)), seed=seed)
@@ -101,7 +102,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
     x0 = uniform((params["runs"], params["n"]), 2, rng)
     kuramoto = []
     for kappa in params["kappas"]:
-        traj = _noisy(Attention(beta=0.0, mask="full"), x0, params, kappa, params["t_end"],
+        traj = _noisy(Attention(beta=0.0, mask="full"), x0, kappa, params["t_end"],
                       params["dt"], key)
         R = order_parameter(traj.states)
         mean, se = block_mean_se(R, traj.times, params["burn_in"], params["block"])
@@ -125,7 +126,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
     progress(done / n_jobs)
     clustered = [_cluster_row(det, np.inf, beta, kc, params)]
     for kappa in params["cluster_kappas"]:
-        traj = _noisy(model, xc, params, kappa, t_end, params["cluster_dt"], key)
+        traj = _noisy(model, xc, kappa, t_end, params["cluster_dt"], key)
         clustered.append(_cluster_row(traj, kappa, beta, kc, params))
         done += 1
         progress(done / n_jobs)

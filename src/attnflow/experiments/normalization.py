@@ -139,8 +139,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
               _others_claim(equi, params), _one_cluster_claim(random, params),
               _slow_claim(slow, params)]
     figures = [save_figure(_figure(equi, random, slow, params), out, "normalization.png")]
-    numbers = {"equiangular": [{k: v for k, v in e.items()} for e in equi],
-               "random": random, "slow": slow}
+    numbers = {"equiangular": equi, "random": random, "slow": slow}
     notes = [f"Equiangular: n = {params['n']}, d = {params['d']}, rho0 = {params['rho0']:g}, "
              f"beta = {params['beta']:g}, nGPT alpha = {params['alpha']:g}, dopri5 rtol "
              f"{params['rtol']:g}; fits on 1 - rho in {params['fit_window']}. Random starts: "
