@@ -64,6 +64,6 @@ def test_prose_after_the_colon_becomes_the_description():
            "\nrtol, atol : tolerances.\n\nReturns a Trajectory : not a parameter.\n\n"
            "Notes\n-----\na : b stays.")
     assert prose.rewrite(doc) == (
-        "Run.\n\nParameters\n----------\nx0\n    (..., n, d) tokens; leading axes\n    are runs."
-        "\nrtol, atol\n    tolerances.\n\nReturns a Trajectory : not a parameter.\n\n"
+        "Run.\n\nReturns a Trajectory : not a parameter.\n\nParameters\n----------\nx0\n"
+        "    (..., n, d) tokens; leading axes\n    are runs.\nrtol, atol\n    tolerances.\n\n"
         "Notes\n-----\na : b stays.")
