@@ -22,7 +22,7 @@ from attnflow.pretrained.dynamics import (
     tokens_from_text,
 )
 from attnflow.pretrained.forward import ForwardPass, forward, perplexity
-from attnflow.pretrained.gguf import GGUFModel, LlamaBlock, LlamaConfig, is_gguf
+from attnflow.pretrained.gguf import GGUFModel, LlamaBlock, LlamaConfig
 from attnflow.pretrained.spectra import (
     HeadSpectrum,
     gaussian_layers,
@@ -49,7 +49,6 @@ __all__ = [
     "forward",
     "gaussian_layers",
     "head_spectra",
-    "is_gguf",
     "layer_spectra",
     "load_model_layers",
     "perplexity",

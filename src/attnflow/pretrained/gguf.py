@@ -43,7 +43,7 @@ from attnflow._checks import describe, fail
 from attnflow.positional import RoPE
 from attnflow.pretrained.checkpoint import HF_INITIALIZER_RANGE, AttentionLayer
 
-__all__ = ["ARCHITECTURES", "GGUFModel", "LlamaBlock", "LlamaConfig", "is_gguf"]
+__all__ = ["ARCHITECTURES", "GGUFModel", "LlamaBlock", "LlamaConfig", "check_ids"]
 
 ARCHITECTURES = ("llama",)
 _BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
@@ -52,20 +52,6 @@ _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 # What the reader may raise on a malformed file (UnicodeDecodeError is a ValueError).
 _READ_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError,
                 MemoryError, EOFError)
-
-
-def is_gguf(path: Any) -> bool:
-    """True when `path` names an existing file that starts with the GGUF magic bytes."""
-    if not isinstance(path, (str, Path)):
-        return False
-    p = Path(path).expanduser()
-    if not p.is_file():
-        return False
-    try:
-        with open(p, "rb") as fh:
-            return fh.read(4) == b"GGUF"
-    except OSError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -217,7 +203,11 @@ class GGUFModel:
         if "token_embd.weight" not in self._tensors:
             raise fail("path", "a GGUF file with tensor 'token_embd.weight'",
                        f"none in {str(self.path)!r}")
-        vocab = int(self._tensors["token_embd.weight"].shape[1])
+        embd_shape = self._tensors["token_embd.weight"].shape
+        if len(embd_shape) != 2:
+            raise fail("path", "a 2-d tensor 'token_embd.weight'",
+                       f"shape {tuple(int(s) for s in embd_shape)} in {str(self.path)!r}")
+        vocab = int(embd_shape[1])
         eps = self._meta(a + "attention.layer_norm_rms_epsilon", float)
         base = self._meta(a + "rope.freq_base", float, 10000.0)
         if not (np.isfinite(base) and base > 0 and np.isfinite(eps) and eps >= 0):
