@@ -50,7 +50,8 @@ def test_model_arguments(kwargs, pattern):
     (X, {"rtol": 1e-6}, r"rtol/atol: expected None for the fixed-step method 'rk4'"),
     (X, {"save_at": [0.0, 2.0, 1.0]}, r"save_at: expected strictly increasing times"),
     (X, {"save_at": [0.5, 3.0]}, r"save_at: expected strictly increasing times in \[0, t_end"),
-    (X, {"model": "attention"}, r"model: expected an attnflow.Attention or attnflow.Stack, received str"),
+    (X, {"model": "attention"},
+     r"model: expected an attnflow.Attention or attnflow.Stack, received str"),
 ])
 def test_simulate_arguments(x0, kwargs, pattern):
     args = {"model": MODEL, "t_end": 1.0, **kwargs}
@@ -64,7 +65,8 @@ def test_off_sphere_tokens_are_accepted_with_normalize():
 
 
 def test_mask_array_must_match_the_number_of_tokens():
-    with pytest.raises(ValueError, match=r"x0: expected n = 4 tokens to match the model's \(n, n\) mask"):
+    with pytest.raises(ValueError,
+                       match=r"x0: expected n = 4 tokens to match the model's \(n, n\) mask"):
         af.simulate(af.Attention(mask=np.tril(np.ones((4, 4), bool))), X, 1.0)
 
 

@@ -92,7 +92,13 @@ def _one_run(field, jacobian, x, times, method, first_step, rtol, atol, work, wh
                           jac=None if jacobian is None else jac, first_step=first_step)
     nxt = 1
     while nxt < len(times):
-        message = solver.step()
+        try:
+            message = solver.step()
+        except ValueError as err:  # Radau's LU factorisation meets inf/NaN before our checks
+            if "infs or NaNs" not in str(err):
+                raise
+            raise NonFiniteStateError(float(solver.t), [
+                tuple(int(i) for i in np.unravel_index(r, lead))]) from None
         if solver.status == "failed":
             raise FloatingPointError(f"{method}: the solver stopped at t = {solver.t:.6g} in "
                                      f"{where}: {message}")

@@ -85,8 +85,8 @@ import itertools
 import json
 import math
 import os
-import sys
 import tempfile
+import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -113,11 +113,6 @@ from attnflow.presets import matrix_from_spec
 from attnflow.simulate import simulate
 from attnflow.sphere import geodesic_distance, uniform
 from attnflow.textspec import family_options
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 __all__ = [
     "METRICS",

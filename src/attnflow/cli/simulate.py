@@ -103,7 +103,9 @@ def simulate(
     # Every option is checked (and the model built) before any work starts.
     if from_model is not None:
         unused(given(ctx, n="--n", d="--d", mask="--mask", Q="--Q", K="--K", V="--V",
-                     batch="--batch", seed="--seed", dtype="--dtype"), "with --from-model")
+                     batch="--batch", seed="--seed", dtype="--dtype", norm="--norm",
+                     alpha="--alpha", attention="--attention", rope="--rope", alibi="--alibi",
+                     noise="--noise", layers="--layers"), "with --from-model")
         from attnflow.analysis._input import radius
 
         beta = 1.0 if beta is None else beta
