@@ -66,7 +66,8 @@ class BrownianPath:
         shape (2^level, runs, *shape)."""
         if self._cached is not None and self._cached[:2] == (k, level):
             return self._cached[2]
-        inc = np.sqrt(self.dt0) * self.normals(k, 0, 1)
+        inc = self.normals(k, 0, 1)
+        inc *= np.sqrt(self.dt0)
         for lvl in range(1, level + 1):
             h = self.dt0 / 2 ** (lvl - 1)  # length of the intervals being split
             half = inc / 2 + (np.sqrt(h) / 2) * self.normals(k, lvl, len(inc))

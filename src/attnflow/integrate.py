@@ -108,8 +108,15 @@ class Solution:
 
 # ---------------------------------------------------------------------------- fixed steps
 def euler_step(field: Field, x: np.ndarray, h: float, manifold: str = "sphere") -> np.ndarray:
-    """One Euler step followed by retraction."""
-    return retract(x + h * field(x), manifold)
+    """One Euler step followed by retraction (on the sphere in one pass, the same pass as the
+    noisy step's, so that noise 0 is this step bit for bit)."""
+    D = field(x)
+    if manifold == "sphere" and _fusable(x, D):
+        out = np.empty_like(x)
+        _em_finish(*(a.reshape(-1, x.shape[-1]) for a in (x, D, np.zeros_like(x), out)), h,
+                   0.0)
+        return out
+    return retract(x + h * D, manifold)
 
 
 def rk4_step(field: Field, x: np.ndarray, h: float, manifold: str = "sphere") -> np.ndarray:
@@ -254,22 +261,33 @@ def _by_runs(step):
     return stepped
 
 
-def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise) -> Solution:
+def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
+                runs_independent) -> Solution:
     """Euler-Maruyama (or its geodesic variant) on the grid k dt: every interval between
-    save times must be a whole number of steps (`check_noise_grid`)."""
+    save times must be a whole number of steps. With `runs_independent`, each step runs in
+    shares of the runs on the kernel threads (as `_by_runs`), each share in cache."""
     states = [x0]
     x = x0
     s = noise.first_step
     n_steps = 0
+    step = partial(_noisy_step, drift, field, sigma=noise.sigma, method=method,
+                   manifold=manifold)
     for t0, t1 in zip(times[:-1], times[1:]):
         for i in range(round((t1 - t0) / dt)):
-            dW = noise.path.increment(s, noise.level).reshape(x.shape).astype(x.dtype)
-            if manifold == "euclidean":
-                x = x + dt * drift(x) + noise.sigma * dW
-            elif method == "euler":
-                x = normalize(x + dt * drift(x) + noise.sigma * project(x, dW))
+            dW = noise.path.increment(s, noise.level).reshape(x.shape).astype(x.dtype,
+                                                                                copy=False)
+            if runs_independent and x.ndim > 2:
+                flat, flat_dW = x.reshape(-1, *x.shape[-2:]), dW.reshape(-1, *x.shape[-2:])
+                out = np.empty_like(flat)
+
+                def share(a: int, b: int, flat=flat, flat_dW=flat_dW, out=out) -> None:
+                    out[a:b] = step(flat[a:b], dt, flat_dW[a:b])
+
+                parallel_ranges(share, len(flat), cost=flat.size * flat.shape[-2],
+                                grain=LANES)
+                x = out.reshape(x.shape)
             else:
-                x = exp_map(x, dt * field(x) + noise.sigma * project(x, dW))
+                x = step(x, dt, dW)
             s += 1
             n_steps += 1
             _check_finite(x, t0 + (i + 1) * dt)
@@ -277,6 +295,40 @@ def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise) 
                 progress(t0 + (i + 1) * dt)
         states.append(x)
     return Solution(np.asarray(times), np.stack(states), n_steps, n_steps, 0)
+
+
+def _noisy_step(drift: Field, field: Field, x: np.ndarray, h: float, dW: np.ndarray,
+                sigma: float, method: str, manifold: str) -> np.ndarray:
+    """One Euler-Maruyama step x + h D(x) + sigma P_x dW, retracted (or its geodesic variant
+    exp_x(h F(x) + sigma P_x dW)); in R^d x + h D(x) + sigma dW."""
+    if manifold == "euclidean":
+        return x + h * drift(x) + sigma * dW
+    if method == "geodesic":
+        return exp_map(x, h * field(x) + sigma * project(x, dW))
+    D = drift(x)
+    if _fusable(x, D, dW):  # one pass instead of six (the noisy W1 step)
+        out = np.empty_like(x)
+        _em_finish(*(a.reshape(-1, x.shape[-1]) for a in (x, D, dW, out)), h, sigma)
+        return out
+    return normalize(x + h * D + sigma * project(x, dW))
+
+
+@njit(nogil=True, cache=True)
+def _em_finish(x, D, dW, out, h, sigma):
+    """out = normalize((x + h D) + sigma (dW - <x, dW> x)) row by row, (m, d) arrays, with
+    numpy's order of operations (sigma = 0: exactly the Euler step)."""
+    for r in range(x.shape[0]):
+        s = 0.0
+        for j in range(x.shape[1]):
+            s += x[r, j] * dW[r, j]
+        norm2 = 0.0
+        for j in range(x.shape[1]):
+            y = (x[r, j] + h * D[r, j]) + sigma * (dW[r, j] - s * x[r, j])
+            out[r, j] = y
+            norm2 += y * y
+        norm = np.sqrt(norm2)
+        for j in range(x.shape[1]):
+            out[r, j] /= norm
 
 
 # ---------------------------------------------------------------------------- Dormand-Prince
@@ -428,7 +480,7 @@ def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
         if method not in NOISY:
             raise fail("method", f"one of {NOISY} with noise", repr(method))
         return _stochastic(field, euler_drift, x0, times, DEFAULT_DT if dt is None else dt,
-                           method, progress, manifold, noise)
+                           method, progress, manifold, noise, runs_independent)
     if method == "euler":
         field = euler_drift
     if method in FIXED_STEP:
