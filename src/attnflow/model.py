@@ -256,6 +256,8 @@ class Attention:
         cache: dict[tuple[int, str], np.ndarray] = {}  # shared K, V of grouped-query heads
         for h, (Q, K, V) in enumerate(self.heads):
             q = self._rotated(theta if Q is None else theta @ Q.T, positions)
+            if K is Q:  # queries and keys are rotated alike: Q = K gives k = q
+                cache[(id(K), "k")] = q
             k = cache.get((id(K), "k"))
             if k is None:
                 k = cache[(id(K), "k")] = self._rotated(theta if K is None else theta @ K.T,
