@@ -34,8 +34,8 @@ TITLE = "The interaction energy: non-decreasing under full attention, not under 
 QUICK: dict[str, Any] = {"settings": [[2, 6], [2, 16], [3, 16]], "betas": [1.0, 4.0, 9.0],
                          "runs": 32, "t_end": 10.0, "dt": 0.02, "n_saves": 101,
                          "rise_tol": 1e-9, "drop_tol": 1e-6}
-FULL: dict[str, Any] = {**QUICK, "settings": [[2, 6], [2, 16], [2, 64], [3, 16], [3, 64]],
-                        "runs": 256}
+FULL: dict[str, Any] = {**QUICK, "settings": [[2, 6], [2, 16], [2, 32], [3, 16], [3, 32]],
+                        "runs": 128}
 FULL_MINUTES = 8
 
 ATTENTIONS = ("softmax", "unnormalised")
