@@ -170,6 +170,15 @@ class Attention:
         return is_lower_triangular(self.mask)
 
     @property
+    def layers(self) -> tuple[Attention, ...]:
+        """The model as a sequence of layers: one layer (tied weights at every time)."""
+        return (self,)
+
+    def layer_at(self, t: float) -> Attention:
+        """The layer acting at time t: this one at every time."""
+        return self
+
+    @property
     def manifold(self) -> str:
         """Where the state lives: "sphere" (post, ngpt) or "euclidean" (pre, peri)."""
         return self.scheme.manifold
