@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 import attnflow as af
-from attnflow.kernels._threads import n_threads
+from attnflow.parallel import n_threads
 from attnflow.sphere import uniform
 
 sys.path.insert(0, str(Path(__file__).parent))

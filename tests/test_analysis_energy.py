@@ -105,5 +105,5 @@ def test_trajectory_energy_uses_directions_and_needs_one_head():
     np.testing.assert_allclose(pre.energy(), energy(pre.directions, 1.0), rtol=1e-14)
     model = af.Attention(heads=[(None, None, None)] * 2, beta=1.0, mask="full")
     traj = af.simulate(model, x0, 0.1, method="euler", dt=0.05)
-    with pytest.raises(ValueError, match="model: expected an Attention with one head"):
+    with pytest.raises(ValueError, match=r"model: expected layers with one \(Q, K, V\) head each"):
         traj.energy()

@@ -40,7 +40,8 @@ def test_getting_started_shows_the_readme_commands():
 
 def test_the_api_reference_covers_the_public_modules():
     text = "".join(p.read_text() for p in (ROOT / "docs" / "api").glob("*.md"))
-    for name in ("attnflow.model.Attention", "attnflow.simulate.simulate", "attnflow.stack.Stack",
+    for name in ("attnflow.family.block.Attention", "attnflow.simulate.simulate",
+                 "attnflow.family.stack.Stack",
                  "attnflow.trajectory.Trajectory", "attnflow.sphere", "attnflow.plot",
                  "attnflow.sweeps", "attnflow.analysis.clusters", "attnflow.analysis.family",
                  "attnflow.pretrained.spectra", "attnflow.reproduce", "attnflow.report"):

@@ -51,7 +51,7 @@ def test_model_arguments(kwargs, pattern):
     (X, {"save_at": [0.0, 2.0, 1.0]}, r"save_at: expected strictly increasing times"),
     (X, {"save_at": [0.5, 3.0]}, r"save_at: expected strictly increasing times in \[0, t_end"),
     (X, {"model": "attention"},
-     r"model: expected an attnflow.Attention or attnflow.Stack, received str"),
+     r"model: expected an attnflow.Attention, Block or Stack, received str"),
 ])
 def test_simulate_arguments(x0, kwargs, pattern):
     args = {"model": MODEL, "t_end": 1.0, **kwargs}

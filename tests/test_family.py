@@ -326,14 +326,14 @@ def test_sweep_grid_rejects_bad_family_values(field, value):
 
 
 def test_layers_from_npz_is_a_stack_with_grouped_query_heads(tmp_path):
-    from attnflow.textspec import layers_from_npz
+    from attnflow.family.text import layers_from_npz
 
     rng = np.random.default_rng(20)
     K = rng.normal(size=(3, 1, 4, 6)).repeat(2, axis=1)  # 2 query heads share a key head
     np.savez(tmp_path / "w.npz", Q=rng.normal(size=(3, 2, 4, 6)), K=K,
              V=rng.normal(size=(3, 2, 6, 6)) / 5)
     stack = layers_from_npz(tmp_path / "w.npz", beta=0.5, norm="pre", rope=af.RoPE(100.0))
-    assert len(stack) == 3 and stack.manifold == "euclidean"
+    assert len(stack) == 3 and stack.manifold.name == "euclidean"
     assert np.array_equal(stack.layers[2].heads[0][1], stack.layers[2].heads[1][1])
     with pytest.raises(ValueError, match="layers: expected arrays of shape"):
         np.savez(tmp_path / "bad.npz", Q=np.ones((2, 1, 4, 6)), K=np.ones((3, 1, 4, 6)))

@@ -256,7 +256,7 @@ def test_euler_steps_of_the_attention_stack_are_the_attention_only_forward_pass(
     m = GGUFModel(path)
     ids = [5, 70, 3, 200, 9, 31]
     stack = attention_stack(m, backend="dense")
-    assert len(stack) == LAYERS and stack.manifold == "euclidean"
+    assert len(stack) == LAYERS and stack.manifold.name == "euclidean"
     layer = stack.layers[1]
     assert layer.heads[0][1] is layer.heads[1][1] and layer.heads[1][1] is not layer.heads[2][1]
     traj = simulate(stack, m.embed(ids), LAYERS, method="euler", dt=1.0,

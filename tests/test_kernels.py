@@ -11,9 +11,9 @@ import pytest
 import attnflow as af
 from attnflow.kernels import KERNELS, auto, blocked, dense, fused, get_kernel
 from attnflow.kernels import torch as torch_kernel
-from attnflow.kernels._threads import parallel_ranges
 from attnflow.kernels._vexp import vexp, vexp2
 from attnflow.kernels.types import Memory
+from attnflow.parallel import parallel_ranges
 
 FAST = {
     "fused": fused.attend,

@@ -373,7 +373,7 @@ def test_attention_from_pretrained_reproduces_the_layer(tmp_path):
         out += (A @ v[:, sl]) @ Wo[:, sl].T
     model = attention_from_pretrained(ckpt, 1, beta=beta, mask="full")
     np.testing.assert_allclose(model.attention_output(X), out, rtol=1e-10, atol=1e-12)
-    one = af.Attention.from_pretrained(tmp_path / "b", 1, head=2, beta=beta, mask="full")
+    one = af.pretrained.attention_from_pretrained(tmp_path / "b", 1, head=2, beta=beta, mask="full")
     assert len(one.heads) == 1 and one.d == D
     with pytest.raises(ValueError, match=r"head: expected None or an integer in \[0, 4\)"):
         attention_from_pretrained(ckpt, 1, head=4)

@@ -30,20 +30,29 @@ _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},
     "sweep": "attnflow.sweeps",
 }
-_SUBMODULES = ("analysis", "kernels", "plot", "pretrained", "sphere", "sweeps")
+_SUBMODULES = ("analysis", "family", "kernels", "manifolds", "plot", "pretrained", "sphere",
+               "sweeps")
 
 # The core is imported eagerly (numpy only). `simulate` must be: the submodule of the same name
 # would otherwise shadow the function once anything imports it.
 from attnflow.brownian import BrownianPath  # noqa: E402
+from attnflow.family import (  # noqa: E402
+    MLP,
+    ALiBi,
+    Attention,
+    Block,
+    QKNorm,
+    RMSNorm,
+    RoPE,
+    Stack,
+)
 from attnflow.integrate import NonFiniteStateError  # noqa: E402
-from attnflow.model import Attention  # noqa: E402
-from attnflow.positional import ALiBi, RoPE  # noqa: E402
 from attnflow.simulate import simulate  # noqa: E402
-from attnflow.stack import Stack  # noqa: E402
 from attnflow.trajectory import Trajectory, load  # noqa: E402
 
-__all__ = ["__version__", "ALiBi", "Attention", "BrownianPath", "NonFiniteStateError", "RoPE",
-           "Stack", "Trajectory", "load", "simulate", *sorted(_EXPORTS), *_SUBMODULES]
+__all__ = ["__version__", "MLP", "ALiBi", "Attention", "Block", "BrownianPath",
+           "NonFiniteStateError", "QKNorm", "RMSNorm", "RoPE", "Stack", "Trajectory", "load",
+           "simulate", *sorted(_EXPORTS), *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
@@ -62,6 +71,15 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from attnflow import analysis, kernels, plot, pretrained, sphere, sweeps  # noqa: F401
+    from attnflow import (  # noqa: F401
+        analysis,
+        family,
+        kernels,
+        manifolds,
+        plot,
+        pretrained,
+        sphere,
+        sweeps,
+    )
     from attnflow.analysis import *  # noqa: F403
     from attnflow.sweeps import sweep  # noqa: F401

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow.kernels._threads import parallel_ranges
+from attnflow.parallel import parallel_ranges
 
 __all__ = ["BrownianPath", "RUN_BLOCK"]
 

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from attnflow.schemes import retract
+from attnflow.errors import NonFiniteStateError
+from attnflow.manifolds import SPHERE, Manifold
 
 __all__ = ["IMPLICIT", "solve_implicit"]
 
@@ -37,7 +38,7 @@ def solve_implicit(
     rtol: float,
     atol: float,
     progress: Callable[[float], None] | None,
-    manifold: str = "sphere",
+    manifold: Manifold = SPHERE,
 ) -> tuple[np.ndarray, dict[str, int]]:
     """States (len(times), ..., n, d) of every run of x0 (..., n, d) from times[0], and
     the work per run, averaged over the runs and rounded up: field evaluations ("n_evals"),
@@ -46,7 +47,7 @@ def solve_implicit(
     evaluations each time). `progress` receives the time reached, with the runs taken as
     consecutive stretches of [times[0], times[-1]]. Raises `NonFiniteStateError` if a state
     or the Jacobian turns non-finite, FloatingPointError if a solver fails otherwise. States
-    are retracted onto the `manifold` ("sphere": renormalised)."""
+    are retracted onto the `manifold` (on the sphere: renormalised)."""
     lead, (n, d) = x0.shape[:-2], x0.shape[-2:]
     runs = x0.reshape(-1, n, d)
     out = np.empty((len(times), len(runs), n, d))
@@ -65,8 +66,6 @@ def solve_implicit(
 def _one_run(field, jacobian, x, times, method, first_step, rtol, atol, work, where, report,
              manifold, lead, r):
     """The states of one run (n, d) at `times`; adds its work to `work`."""
-    from attnflow.integrate import NonFiniteStateError
-
     n, d = x.shape
     states = np.empty((len(times), n, d))
     states[0] = x
@@ -106,7 +105,7 @@ def _one_run(field, jacobian, x, times, method, first_step, rtol, atol, work, wh
         done = nxt + int(np.searchsorted(times[nxt:], solver.t, side="right"))
         if done > nxt:
             dense = solver.dense_output()
-            states[nxt:done] = retract(dense(times[nxt:done]).T.reshape(-1, n, d), manifold)
+            states[nxt:done] = manifold.retract(dense(times[nxt:done]).T.reshape(-1, n, d))
             nxt = done
         if report is not None:
             report(solver.t)

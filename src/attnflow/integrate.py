@@ -1,9 +1,9 @@
 """Integrators for fields on the sphere or in R^d, deterministic or noisy.
 
-The integrators know nothing about attention: they advance X (..., n, d) under any field
-F(X), on a `manifold`: "sphere" (F tangent to the sphere at each row, states renormalised after
-every step: "retraction") or "euclidean" (states in R^d, no retraction; the pre- and peri-LN
-schemes). Methods (``method=``):
+The integrators know nothing about attention (they import no model and no kernel): they
+advance X (..., n, d) under any field F(X), on a manifold (`attnflow.manifolds`): the sphere
+(F tangent to the sphere at each row, states renormalised after every step: "retraction") or
+R^d (no retraction; the pre- and peri-LN schemes). Methods (``method=``):
 
 * ``"euler"``: x <- normalize(x + dt D(x)), where D is the ambient drift whose tangent part is
   the field (for attention, the unprojected attention output; D = F when no drift is given).
@@ -24,7 +24,9 @@ schemes). Methods (``method=``):
   the contraction inside clusters limits every explicit method's step.
 
 Fixed-step methods divide each interval between consecutive save times into equal steps of
-size at most dt (exactly dt when the interval is a multiple of dt).
+size at most dt (exactly dt when the interval is a multiple of dt). A `splitting` (the
+sublayers' drifts D_1, D_2, ... of a block in sequential form) makes the Euler step their
+composition, x <- retract(retract(x + h D_1(x)) + h D_2(.)) ... (Lie-Trotter).
 
 With noise (`Noise`: dX = D dt + sigma P_X dW on the sphere, dX = D dt + sigma dW in R^d, W a
 `attnflow.brownian.BrownianPath`) the steps are exactly dt on the grid k dt, and
@@ -51,10 +53,10 @@ from numba import njit
 
 from attnflow._checks import describe, fail, finite_array, nonnegative, positive
 from attnflow.brownian import BrownianPath
+from attnflow.errors import NonFiniteStateError
 from attnflow.implicit import IMPLICIT, solve_implicit
-from attnflow.kernels._threads import parallel_ranges
-from attnflow.kernels.fused import LANES
-from attnflow.schemes import MANIFOLDS, retract
+from attnflow.manifolds import SPHERE, Manifold, as_manifold
+from attnflow.parallel import parallel_ranges
 from attnflow.sphere import exp_map, inner, normalize, project
 
 Field = Callable[[np.ndarray], np.ndarray]
@@ -67,19 +69,6 @@ SPHERE_ONLY = ("geodesic",)
 DEFAULT_DT = 0.05
 DEFAULT_RTOL = 1e-6
 DEFAULT_ATOL = 1e-9
-
-
-class NonFiniteStateError(FloatingPointError):
-    """Raised when a state becomes non-finite; says when and in which run(s)."""
-
-    def __init__(self, t: float, runs: list[tuple[int, ...]]):
-        self.t = t
-        self.runs = runs
-        shown = ", ".join(str(r) for r in runs[:10]) + (" ..." if len(runs) > 10 else "")
-        super().__init__(
-            f"the state became non-finite at t = {t:.6g} in {len(runs)} run(s) "
-            f"(batch index): {shown}"
-        )
 
 
 @dataclass(frozen=True)
@@ -107,29 +96,40 @@ class Solution:
 
 
 # ---------------------------------------------------------------------------- fixed steps
-def euler_step(field: Field, x: np.ndarray, h: float, manifold: str = "sphere") -> np.ndarray:
+def euler_step(field: Field, x: np.ndarray, h: float, manifold: Manifold = SPHERE
+               ) -> np.ndarray:
     """One Euler step followed by retraction (on the sphere in one pass, the same pass as the
     noisy step's, so that noise 0 is this step bit for bit)."""
     D = field(x)
-    if manifold == "sphere" and _fusable(x, D):
+    if manifold == SPHERE and _fusable(x, D):
         out = np.empty_like(x)
         _em_finish(*(a.reshape(-1, x.shape[-1]) for a in (x, D, np.zeros_like(x), out)), h,
                    0.0)
         return out
-    return retract(x + h * D, manifold)
+    return manifold.retract(x + h * D)
 
 
-def rk4_step(field: Field, x: np.ndarray, h: float, manifold: str = "sphere") -> np.ndarray:
+def split_euler_step(drifts: tuple[Field, ...], x: np.ndarray, h: float,
+                     manifold: Manifold = SPHERE) -> np.ndarray:
+    """Euler steps of the drifts one after the other (Lie-Trotter splitting), each retracted:
+    with h = 1, a Transformer layer's sublayers in order."""
+    for drift in drifts:
+        x = euler_step(drift, x, h, manifold)
+    return x
+
+
+def rk4_step(field: Field, x: np.ndarray, h: float, manifold: Manifold = SPHERE
+             ) -> np.ndarray:
     """One classical RK4 step on the ambient extension of the field, retracted."""
     k1 = field(x)
     k2 = field(_axpy(x, h / 2, k1))
     k3 = field(_axpy(x, h / 2, k2))
     k4 = field(_axpy(x, h, k3))
-    if manifold == "sphere" and _fusable(x, k1, k2, k3, k4):  # one pass instead of ten (W1)
+    if manifold == SPHERE and _fusable(x, k1, k2, k3, k4):  # one pass instead of ten (W1)
         out = np.empty_like(x)
         _rk4_finish(*(a.reshape(-1, x.shape[-1]) for a in (x, k1, k2, k3, k4, out)), h)
         return out
-    return retract(x + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4), manifold)
+    return manifold.retract(x + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4))
 
 
 def _fusable(x: np.ndarray, *ks: np.ndarray) -> bool:
@@ -200,7 +200,7 @@ def pullback(x: np.ndarray, v: np.ndarray, y: np.ndarray, e: np.ndarray, z: np.n
     return ze * u + ortho / np.sinc(r / np.pi)
 
 
-def geodesic_step(field: Field, x: np.ndarray, h: float, manifold: str = "sphere"
+def geodesic_step(field: Field, x: np.ndarray, h: float, manifold: Manifold = SPHERE
                   ) -> np.ndarray:
     """One RK4 step in the exponential chart at x (stays on the sphere by construction)."""
 
@@ -219,18 +219,25 @@ def geodesic_step(field: Field, x: np.ndarray, h: float, manifold: str = "sphere
 STEPPERS = {"euler": (euler_step, 1), "rk4": (rk4_step, 4), "geodesic": (geodesic_step, 4)}
 
 
-def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold) -> Solution:
+def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, grain,
+           splitting=None) -> Solution:
     step, evals_per_step = STEPPERS[method]
-    step = partial(step, manifold=manifold)
+    if splitting is not None:  # Euler on the sublayers in turn (sequential blocks)
+        evals_per_step = len(splitting)
+
+        def step(_field: Field, x: np.ndarray, h: float) -> np.ndarray:
+            return split_euler_step(splitting, x, h, manifold)
+    else:
+        step = partial(step, manifold=manifold)
     if runs_independent and x0.ndim > 2:
-        step = _by_runs(step)
+        step = _by_runs(step, grain)
     states = [x0]
     x = x0
     n_steps = 0
     for t0, t1 in zip(times[:-1], times[1:]):
         span = t1 - t0
         m = max(1, math.ceil(span / dt * (1 - 1e-12))) if span > 0 else 0
-        h = span / m if m else 0.0
+        h = float(span / m) if m else 0.0  # a Python float keeps float32 states float32
         for i in range(m):
             x = step(field, x, h)
             n_steps += 1
@@ -241,7 +248,7 @@ def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold) -
     return Solution(np.asarray(times), np.stack(states), n_steps * evals_per_step, n_steps, 0)
 
 
-def _by_runs(step):
+def _by_runs(step, grain: int):
     """`step` applied to shares of the runs (leading axes flattened) on the kernel threads,
     each share with everything it touches in cache; nested kernel calls run inline. Valid
     when the field maps each run on its own (then the result is the same as one step of the
@@ -254,15 +261,15 @@ def _by_runs(step):
         def share(a: int, b: int) -> None:
             out[a:b] = step(field, flat[a:b], h)
 
-        # Shares of whole tiles of the fused kernel (its SIMD lanes are runs).
-        parallel_ranges(share, len(flat), cost=flat.size * flat.shape[-2], grain=LANES)
+        # Shares of whole tiles of the kernel (e.g. the fused kernel's SIMD lanes are runs).
+        parallel_ranges(share, len(flat), cost=flat.size * flat.shape[-2], grain=grain)
         return out.reshape(x.shape)
 
     return stepped
 
 
 def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
-                runs_independent) -> Solution:
+                runs_independent, grain) -> Solution:
     """Euler-Maruyama (or its geodesic variant) on the grid k dt: every interval between
     save times must be a whole number of steps. With `runs_independent`, each step runs in
     shares of the runs on the kernel threads (as `_by_runs`), each share in cache."""
@@ -284,7 +291,7 @@ def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
                     out[a:b] = step(flat[a:b], dt, flat_dW[a:b])
 
                 parallel_ranges(share, len(flat), cost=flat.size * flat.shape[-2],
-                                grain=LANES)
+                                grain=grain)
                 x = out.reshape(x.shape)
             else:
                 x = step(x, dt, dW)
@@ -298,10 +305,10 @@ def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
 
 
 def _noisy_step(drift: Field, field: Field, x: np.ndarray, h: float, dW: np.ndarray,
-                sigma: float, method: str, manifold: str) -> np.ndarray:
+                sigma: float, method: str, manifold: Manifold) -> np.ndarray:
     """One Euler-Maruyama step x + h D(x) + sigma P_x dW, retracted (or its geodesic variant
     exp_x(h F(x) + sigma P_x dW)); in R^d x + h D(x) + sigma dW."""
-    if manifold == "euclidean":
+    if manifold != SPHERE:
         return x + h * drift(x) + sigma * dW
     if method == "geodesic":
         return exp_map(x, h * field(x) + sigma * project(x, dW))
@@ -395,9 +402,9 @@ def _dopri5(field, x0, times, dt, rtol, atol, progress, manifold) -> Solution:
             while nxt < len(times) and times[nxt] <= t_new * (1 + 1e-14):
                 s = (times[nxt] - t) / h
                 q = DP_P @ np.array([s, s**2, s**3, s**4])
-                out.append(retract(x + h * _combine(q, ks), manifold))
+                out.append(manifold.retract(x + h * _combine(q, ks)))
                 nxt += 1
-            t, x = t_new, retract(x_new, manifold)
+            t, x = t_new, manifold.retract(x_new)
             _check_finite(x, t)
             f = field(x)  # not FSAL after retraction: the field at the retracted point
             n_evals += 1
@@ -446,9 +453,11 @@ def integrate(
     drift: Field | None = None,
     jacobian: Callable[[np.ndarray], np.ndarray] | None = None,
     runs_independent: bool = False,
-    manifold: str = "sphere",
+    manifold: Manifold | str = SPHERE,
     noise: Noise | None = None,
     t0: float = 0.0,
+    splitting: tuple[Field, ...] | None = None,
+    grain: int = 1,
 ) -> Solution:
     """Advance x0 (..., n, d) from time t0 under `field`; return the states at `times`
     (strictly increasing, >= t0). See the module docstring for the methods; `drift` is the
@@ -456,36 +465,40 @@ def integrate(
     state (n, d) to dF/dx (n, d, n, d) for the implicit methods (default: finite differences).
     For the implicit methods, which solve run by run, the counts are averages per run.
     `runs_independent` says the field maps each run (leading index) on its own: the
-    fixed-step methods then step shares of the runs in parallel, in cache. `manifold` is
-    "sphere" or "euclidean"; `noise` makes it an SDE (methods in `NOISY`, steps of exactly
-    dt)."""
-    if manifold not in MANIFOLDS:
-        raise fail("manifold", f"one of {MANIFOLDS}", repr(manifold))
+    fixed-step methods then step shares of the runs in parallel, in cache, in shares that
+    are multiples of `grain` runs. `manifold` is a `Manifold` (or "sphere", "euclidean");
+    `noise` makes it an SDE (methods in `NOISY`, steps of exactly dt); `splitting` makes the
+    Euler step a composition of sublayer steps (module docstring; "euler" only)."""
+    manifold = as_manifold(manifold)
     keep_start = times[0] == t0
     if not keep_start:
         times = np.concatenate([[t0], times])
     sol = _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
-                 runs_independent, manifold, noise)
+                 runs_independent, manifold, noise, splitting, grain)
     if not keep_start:
         sol.times, sol.states = sol.times[1:], sol.states[1:]
     return sol
 
 
 def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
-           runs_independent, manifold, noise) -> Solution:
-    if manifold != "sphere" and method in SPHERE_ONLY:
+           runs_independent, manifold, noise, splitting, grain) -> Solution:
+    if not manifold.geodesic and method in SPHERE_ONLY:
         raise fail("method", f"a method for states in R^d (not {SPHERE_ONLY})", repr(method))
+    if splitting is not None and (method != "euler" or noise is not None):
+        raise fail("method", "'euler' without noise for blocks in sequential form (their "
+                   "sublayers step in turn; form='continuous' integrates the summed field "
+                   "with any method)", repr(method) + (" with noise" if noise else ""))
     euler_drift = drift if drift is not None else field
     if noise is not None:
         if method not in NOISY:
             raise fail("method", f"one of {NOISY} with noise", repr(method))
         return _stochastic(field, euler_drift, x0, times, DEFAULT_DT if dt is None else dt,
-                           method, progress, manifold, noise, runs_independent)
+                           method, progress, manifold, noise, runs_independent, grain)
     if method == "euler":
         field = euler_drift
     if method in FIXED_STEP:
         return _fixed(field, x0, times, DEFAULT_DT if dt is None else dt, method, progress,
-                      runs_independent, manifold)
+                      runs_independent, manifold, grain, splitting)
     rtol = DEFAULT_RTOL if rtol is None else rtol
     atol = DEFAULT_ATOL if atol is None else atol
     if method in IMPLICIT:

@@ -1,4 +1,4 @@
-"""`simulate`: integrate an attention model from initial tokens into a Trajectory."""
+"""`simulate`: integrate a model of the family from initial tokens into a Trajectory."""
 
 from __future__ import annotations
 
@@ -12,20 +12,15 @@ import numpy as np
 
 from attnflow._checks import describe, fail, number, positive
 from attnflow.brownian import BrownianPath
+from attnflow.family import Block, Model, Stack, segments
 from attnflow.implicit import IMPLICIT
 from attnflow.integrate import NOISY, Noise, check_solver_args, integrate
-from attnflow.model import Attention
+from attnflow.kernels.fused import LANES
+from attnflow.manifolds import SPHERE
 from attnflow.sphere import inner
-from attnflow.stack import Model, Stack, segments
 from attnflow.trajectory import Trajectory
 
-__all__ = ["check_seed", "simulate", "sphere_tolerance"]
-
-
-def sphere_tolerance(dtype: Any) -> float:
-    """How far from 1 the norms of tokens "on the sphere" may be in this dtype: 1e-8 in
-    float64, 64 ulps (7.6e-6) in float32, whose unit vectors are off by ~6e-8."""
-    return max(1e-8, 64 * float(np.finfo(dtype).eps))
+__all__ = ["check_seed", "simulate"]
 
 
 def simulate(
@@ -47,8 +42,8 @@ def simulate(
 
     Parameters
     ----------
-    model : an `Attention` layer (acting at every time: tied weights) or a `Stack` of layers
-        (layer L on [L, L + 1), so t_end <= the number of layers).
+    model : a block (an `Attention` or a `Block`, acting at every time: tied weights) or a
+        `Stack` of blocks (layer L on [L, L + 1), so t_end <= the number of layers).
     x0 : (..., n, d) initial tokens; leading axes are independent runs. On the sphere for the
         post-LN and nGPT schemes; any non-zero vectors for pre- and peri-LN (state in R^d).
     t_end : final time >= 0 (one unit of time = one layer).
@@ -57,12 +52,14 @@ def simulate(
     method : "rk4" (default), "euler", "geodesic", "dopri5", or the implicit "bdf", "radau",
         "lsoda" for long horizons (see `attnflow.integrate`; these solve run by run with
         the model's exact Jacobian where it has one, finite differences otherwise).
-        "euler" steps x <- normalize(x + dt attn(x)): with dt = 1, one post-LN layer.
+        "euler" steps x <- normalize(x + dt attn(x)): with dt = 1, one post-LN layer; blocks
+        in sequential form (an MLP after attention) only step with "euler" (their
+        sublayers in turn: with dt = 1, the real network's layers).
     dt : step of the fixed-step methods (default 0.05); initial step for the others.
     rtol, atol : tolerances of the adaptive methods (defaults 1e-6 and 1e-9).
     progress : True for a progress bar on stderr, or a callable receiving the current time.
     normalize : project x0 onto the sphere first (sphere schemes); otherwise x0 off the
-        sphere by more than `sphere_tolerance` of its dtype is an error.
+        sphere by more than `attnflow.manifolds.sphere_tolerance` of its dtype is an error.
     seed : the seed x0 was drawn with, recorded in the Trajectory; with noise also the key of
         the Brownian path (then required). A non-negative int.
     noise : sigma >= 0 for the SDE dX = F dt + sigma P_X dW on the sphere (dX = F dt +
@@ -74,11 +71,16 @@ def simulate(
     Returns a Trajectory with states of shape (len(save times), ..., n, d).
     Raises ValueError for bad input and `NonFiniteStateError` if a state becomes non-finite.
     """
-    if not isinstance(model, (Attention, Stack)):
-        raise fail("model", "an attnflow.Attention or attnflow.Stack", type(model).__name__)
+    if not isinstance(model, (Block, Stack)):
+        raise fail("model", "an attnflow.Attention, Block or Stack", type(model).__name__)
     seed = check_seed(seed)
     t_end, times, dt, rtol, atol = check_solver_args(method, t_end, save_at, dt, rtol, atol)
-    if model.manifold != "sphere" and method == "geodesic":
+    if method != "euler" and any(layer.form == "sequential" and layer.mlp is not None
+                                 for layer in model.layers):
+        raise fail("method", "'euler' for blocks in sequential form (their sublayers step in "
+                   "turn; form='continuous' integrates the summed field with any method)",
+                   repr(method))
+    if not model.manifold.geodesic and method == "geodesic":
         raise fail("method", "a method for states in R^d (not 'geodesic', which needs the "
                    "sphere: norm 'post' or 'ngpt')", repr(method))
     pieces = segments(model, t_end)
@@ -129,7 +131,8 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
         sol = integrate(partial(layer.tangent_field, kernel=kernel), x, stops, method, dt,
                         rtol, atol, report, drift=partial(layer.drift, kernel=kernel),
                         jacobian=layer.jacobian if layer.has_exact_jacobian else None,
-                        runs_independent=True, manifold=manifold, noise=noise, t0=a)
+                        runs_independent=True, manifold=manifold, noise=noise, t0=a,
+                        splitting=layer.splitting(kernel), grain=LANES)
         saved.extend(sol.states[: len(inside)])
         x = sol.states[-1]
         for key in work:
@@ -141,13 +144,13 @@ def _initial_tokens(model: Model, x0: Any, normalize: bool) -> np.ndarray:
     """x0 checked for the model: unit vectors on the sphere (or normalised), non-zero in R^d."""
     x0 = model.check_tokens(x0, "x0")
     norms = np.sqrt(inner(x0, x0))[..., 0]
-    if model.manifold == "euclidean" or normalize:
+    if model.manifold != SPHERE or normalize:
         if np.any(norms == 0):
             where = np.argwhere(norms == 0)[0]
             raise fail("x0", "non-zero token vectors (their directions are what attention "
                        "reads)", f"a zero vector at index {tuple(int(i) for i in where)}")
         return x0 / norms[..., None] if normalize else x0
-    tol = sphere_tolerance(x0.dtype)
+    tol = model.manifold.tolerance(x0.dtype)
     off = float(np.max(np.abs(norms - 1.0)))
     if off > tol:
         raise fail("x0", f"unit vectors (|norm - 1| <= {tol:.2g} in {x0.dtype}; or pass "

@@ -21,7 +21,7 @@ The spec (a TOML file, or the same nested mapping in Python)::
     dt = 0.05                   # step (fixed-step methods), first step (dopri5)
     rtol = 1e-6                 # dopri5 only (ignored by fixed-step methods); also atol
     backend = "auto"            # attention kernel (attnflow.kernels; default: Attention's)
-    norm = ["post", "pre"]      # the model family (attnflow.textspec): post | pre | peri | ngpt
+    norm = ["post", "pre"]      # the model family (attnflow.family.text): post | pre | peri | ngpt
     alpha = 0.2                 #   nGPT's step
     attention = "softmax"       #   softmax | unnormalised | sinkhorn[:IT]
     rope = "none"               #   none | BASE[:halves|adjacent[:OFFSET]]
@@ -105,14 +105,14 @@ from attnflow.analysis import (
     renyi_centers,
     strong_renyi_centers,
 )
+from attnflow.family import Attention
+from attnflow.family.text import family_options
 from attnflow.integrate import METHODS, check_solver_args
 from attnflow.kernels import KERNELS
 from attnflow.kernels.masks import mask_from_text
-from attnflow.model import Attention
 from attnflow.presets import matrix_from_spec
 from attnflow.simulate import simulate
 from attnflow.sphere import geodesic_distance, uniform
-from attnflow.textspec import family_options
 
 __all__ = [
     "METRICS",
@@ -185,7 +185,7 @@ def _mask_text(name: str, v: Any) -> str:
 
 
 def _family_text(option: str) -> Callable[[str, Any], str]:
-    """A checker of one of the model family's text options (`attnflow.textspec`)."""
+    """A checker of one of the model family's text options (`attnflow.family.text`)."""
 
     def check(name: str, v: Any) -> str:
         family_options(**{option: _text(name, v)}, names={option: name})
@@ -922,7 +922,7 @@ def _progress(progress: bool | Callable[[int, int], None], total: int
 
 
 def _version() -> str:
-    from attnflow import __version__
+    from attnflow._version import __version__
 
     return __version__
 

@@ -16,7 +16,8 @@ import numpy as np
 
 from attnflow._checks import fail
 from attnflow._files import atomic_path, consolidating
-from attnflow.stack import Model, model_from_record
+from attnflow.family import Model, model_from_record
+from attnflow.manifolds import SPHERE, directions
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -75,10 +76,8 @@ class Trajectory:
     def directions(self) -> np.ndarray:
         """The token directions x / |x| (T, ..., n, d): the states themselves on the sphere;
         what analysis functions (clusters, Rényi centers) take for pre- and peri-LN runs."""
-        if self.model.manifold == "sphere":
+        if self.model.manifold == SPHERE:
             return self.states
-        from attnflow.schemes import directions
-
         return directions(self.states)
 
     @property
@@ -97,19 +96,26 @@ class Trajectory:
 
     def energy(self, beta: float | None = None, log: bool = False) -> np.ndarray:
         """The interaction energy E_beta of the token directions at every saved time, (T, ...)
-        (`attnflow.analysis.energy`; its logarithm when `log`, finite at any beta).
-        beta defaults to the model's; Q and K are those of the model's single head (positional
-        encodings and biases are not part of E_beta)."""
+        (`attnflow.analysis.energy`; its logarithm when `log`, finite at any beta). At each
+        time it is that of the layer acting then (a Stack's layer floor(t)): its beta (unless
+        `beta` is given) and the Q, K of its single head (positional encodings, biases and
+        the feed-forward term are not part of E_beta)."""
         from attnflow.analysis.energy import energy, log_energy
-        from attnflow.model import Attention
 
-        if not isinstance(self.model, Attention) or len(self.model.heads) != 1:
-            raise fail("model", "an Attention with one head (E_beta takes one Q, K; call "
-                       "attnflow.energy(traj.directions, beta, Q, K) otherwise)",
-                       repr(self.model))
-        Q, K, _ = self.model.heads[0]
-        beta = self.model.beta if beta is None else beta
-        return (log_energy if log else energy)(self.directions, beta, Q, K)
+        layers = [self.model.layer_at(float(t)) for t in self.times]
+        for layer in set(layers):
+            if len(layer.heads) != 1 or len(layer.heads[0]) != 3:
+                raise fail("model", "layers with one (Q, K, V) head each (E_beta takes one Q, "
+                           "K; call attnflow.energy(traj.directions, beta, Q, K) otherwise)",
+                           repr(layer))
+        out = np.empty(self.states.shape[:-2])
+        theta = self.directions
+        for layer in dict.fromkeys(layers):
+            at = [i for i, other in enumerate(layers) if other is layer]
+            Q, K, _ = layer.heads[0]
+            b = layer.beta if beta is None else beta
+            out[at] = (log_energy if log else energy)(theta[at], b, Q, K)
+        return out
 
     def record(self) -> dict[str, Any]:
         """Everything but the arrays, as JSON-friendly data."""
@@ -219,7 +225,7 @@ def from_xarray(ds: xr.Dataset) -> Trajectory:
 
 
 def _version() -> str:
-    from attnflow import __version__
+    from attnflow._version import __version__
 
     return __version__
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -15,11 +18,17 @@ import typer
 from attnflow._checks import fail, nonnegative, number
 from attnflow.cli import app
 from attnflow.cli._options import given, output_path, renamed, unused
+from attnflow.family.stack import segments
+from attnflow.family.text import (
+    DEFAULTS,
+    family_help,
+    family_options,
+    layers_from_npz,
+    option_names,
+)
 from attnflow.integrate import METHODS, NOISY, check_solver_args
 from attnflow.kernels.masks import mask_from_text
 from attnflow.presets import SPEC_HELP, matrix_from_spec
-from attnflow.stack import segments
-from attnflow.textspec import FAMILY_HELP, family_options, layers_from_npz
 from attnflow.trajectory import FORMATS
 
 Method = Enum("Method", {name: name for name in METHODS}, type=str)
@@ -44,7 +53,36 @@ def parse_times(text: str | None) -> np.ndarray | None:
                    repr(text)) from None
 
 
-@app.command()
+def flag(name: str) -> str:
+    """The command-line flag of a family option: --qk-norm for qk_norm."""
+    return "--" + name.replace("_", "-")
+
+
+class FamilyCommand:
+    """A command whose signature is its function's plus one ``--NAME TEXT`` option per
+    registered part with a text form (`attnflow.family.text.option_names`), read from the
+    registry each time typer builds the command: a part registered later (even in a test)
+    is an option of the command, and its text arrives in the function's ``**family``."""
+
+    def __init__(self, func: Callable[..., None]) -> None:
+        functools.update_wrapper(self, func)
+        self.func = func
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        sig = inspect.signature(self.func, eval_str=True)
+        params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        helps = family_help()
+        for name in option_names():
+            option = typer.Option(DEFAULTS.get(name, "none"), flag(name), help=helps[name])
+            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                            default=option, annotation=str))
+        return sig.replace(parameters=params)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return self.func(*args, **kwargs)
+
+
 def simulate(
     ctx: typer.Context,
     n: int = typer.Option(200, min=1, help="Number of tokens."),
@@ -86,14 +124,11 @@ def simulate(
     text: str = typer.Option(None, help="With --from-model: the text to embed."),
     token_ids: str = typer.Option(None, help="With --from-model: comma-separated token ids "
                                   "instead of --text."),
-    norm: str = typer.Option("post", help=FAMILY_HELP["norm"]),
-    alpha: float = typer.Option(0.2, help=FAMILY_HELP["alpha"]),
-    attention: str = typer.Option("softmax", help=FAMILY_HELP["attention"]),
-    rope: str = typer.Option("none", help=FAMILY_HELP["rope"]),
-    alibi: str = typer.Option("none", help=FAMILY_HELP["alibi"]),
-    noise: float = typer.Option(None, help=FAMILY_HELP["noise"]),
-    layers: Path = typer.Option(None, help=FAMILY_HELP["layers"] + " Replaces --Q, --K, --V "
+    alpha: float = typer.Option(0.2, help=family_help()["alpha"]),
+    noise: float = typer.Option(None, help=family_help()["noise"]),
+    layers: Path = typer.Option(None, help=family_help()["layers"] + " Replaces --Q, --K, --V "
                                 "and --d; t_end <= L."),
+    **family: str,
 ) -> None:
     """Simulate attention dynamics from uniform random tokens and write the Trajectory.
 
@@ -101,11 +136,11 @@ def simulate(
     beta = 64, up to t = 150.
     """
     # Every option is checked (and the model built) before any work starts.
+    flags = {name: flag(name) for name in option_names()}
     if from_model is not None:
         unused(given(ctx, n="--n", d="--d", mask="--mask", Q="--Q", K="--K", V="--V",
-                     batch="--batch", seed="--seed", dtype="--dtype", norm="--norm",
-                     alpha="--alpha", attention="--attention", rope="--rope", alibi="--alibi",
-                     noise="--noise", layers="--layers"), "with --from-model")
+                     batch="--batch", seed="--seed", dtype="--dtype", alpha="--alpha",
+                     noise="--noise", layers="--layers", **flags), "with --from-model")
         from attnflow.analysis._input import radius
 
         beta = 1.0 if beta is None else beta
@@ -125,14 +160,18 @@ def simulate(
            "without --from-model")
     if layers is not None:
         unused(given(ctx, Q="--Q", K="--K", V="--V", d="--d"), "with --layers")
-    family = family_options(norm, alpha, attention, rope, alibi, names={
-        k: f"--{k}" for k in ("norm", "alpha", "attention", "rope", "alibi")})
+    texts = {k: (None if v == "none" and k not in DEFAULTS else v) for k, v in family.items()}
+    model_d = d if layers is None else None
+    family = family_options(alpha=alpha, names={**flags, "alpha": "--alpha"}, d=model_d,
+                            **texts)
     setup = _setup(n=n, d=d, beta=64.0 if beta is None else beta, mask=mask, Q=Q, K=K, V=V,
                    batch=batch, method=method.value, dt=dt, rtol=rtol, atol=atol, t_end=t_end,
                    save_at=save_at, seed=seed, dtype=dtype.value, cluster_tol=cluster_tol,
                    out=out, family=family, noise=noise, layers=layers)
     _run(setup, progress)
 
+
+app.command()(FamilyCommand(simulate))
 
 SOLVER_OPTIONS = {"method": "--method", "t_end": "--t-end", "save_at": "--save-at",
                   "dt": "--dt", "rtol": "--rtol", "atol": "--atol", "rtol/atol": "--rtol/--atol",
@@ -173,8 +212,8 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
     output_path("--out", out, sorted(FORMATS))
     times = parse_times(save_at)
     with renamed(**SOLVER_OPTIONS, seed="--seed", mask="--mask", Q="--Q", K="--K", V="--V",
-                 noise="--noise", **{k: f"--{k}" for k in ("norm", "alpha", "attention", "rope",
-                                                           "alibi", "bias")}):
+                 noise="--noise", alpha="--alpha", bias="--bias",
+                 **{k: flag(k) for k in option_names()}):
         check_solver_args(method, t_end, times, dt, rtol, atol)
         seed = check_seed(seed)
         tol = radius("cluster_tol", cluster_tol) if cluster_tol is not None else \

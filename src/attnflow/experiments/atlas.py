@@ -39,7 +39,7 @@ from attnflow.experiments._recipe import (
     save_figure,
     verdict,
 )
-from attnflow.model import Attention
+from attnflow.family import Attention
 from attnflow.plot import animate, plot_sphere
 from attnflow.simulate import simulate
 from attnflow.sphere import geodesic_distance, uniform

@@ -25,7 +25,7 @@ from attnflow.analysis import (
     strong_renyi_centers,
 )
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
-from attnflow.model import Attention
+from attnflow.family import Attention
 from attnflow.plot import animate, plot_circle
 from attnflow.simulate import simulate
 from attnflow.sphere import geodesic_distance, uniform

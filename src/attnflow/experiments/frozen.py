@@ -43,7 +43,7 @@ from attnflow.experiments._recipe import (
     save_figure,
     verdict,
 )
-from attnflow.model import Attention
+from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import pairwise_geodesic, uniform
 

@@ -25,7 +25,7 @@ from scipy.stats import spearmanr
 
 from attnflow.analysis import lemma51_bound, strong_renyi_centers
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
-from attnflow.model import Attention
+from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import geodesic_distance, pairwise_geodesic, uniform
 

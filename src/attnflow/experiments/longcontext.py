@@ -29,7 +29,7 @@ from scipy.optimize import brentq
 
 from attnflow.analysis import equiangular_start, output_correlation, output_correlation_limit
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
-from attnflow.model import Attention
+from attnflow.family import Attention
 from attnflow.sphere import normalize
 
 NAME = "longcontext"

@@ -38,7 +38,7 @@ from matplotlib.figure import Figure
 
 from attnflow.analysis import kuramoto_order, noise_threshold, uniform_fluctuation
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
-from attnflow.model import Attention
+from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import uniform
 

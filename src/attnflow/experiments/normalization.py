@@ -35,7 +35,7 @@ from attnflow.analysis import (
 )
 from attnflow.analysis.family import NORMS
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
-from attnflow.model import Attention
+from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import uniform
 

@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from scipy.stats import ortho_group
 
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
-from attnflow.model import Attention
+from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import geodesic_distance, uniform
 

@@ -18,7 +18,7 @@ float64 GEMM rate, counting 2 n^2 d flops):
 * the two products per block pair are BLAS products (about 70% of one core's GEMM rate;
   the exp pass takes about a tenth of the time), called as np.dot from one numba function
   per query block (`_sweep`): no Python, no GIL between block pairs;
-* threads share whole query blocks (`attnflow.kernels._threads`, heaviest first), each with
+* threads share whole query blocks (`attnflow.parallel`, heaviest first), each with
   single-threaded BLAS (threadpoolctl; for calls from the main thread): a score block stays
   in its core's L2 cache from Q_b K_c^T through the exp pass to P V_c, and threads never
   wait for each other inside a block (two-thread BLAS on each block plus a threaded exp
@@ -53,12 +53,12 @@ from threadpoolctl import ThreadpoolController
 
 from attnflow._checks import fail
 from attnflow.kernels._simd import wide_vectors
-from attnflow.kernels._threads import parallel_ranges
 from attnflow.kernels._vexp import vexp
 from attnflow.kernels.fused import SAFE_SPREAD, band, row_top
 from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.options import check_options
 from attnflow.kernels.types import Memory, Normalization
+from attnflow.parallel import parallel_ranges
 
 __all__ = ["BLOCK", "SUPPORTS", "attend"]
 

@@ -18,7 +18,7 @@ What makes it fast (benchmarks/RESULTS.md):
   is `vexp2`, 2^s, one operation cheaper than exp (vectorised by LLVM, no subnormal slow
   path); LLVM is asked for 512-bit
   vectors where the CPU has them (`attnflow.kernels._simd`: 1.5x here);
-* tiles are shared among threads (`attnflow.kernels._threads`), both cores.
+* tiles are shared among threads (`attnflow.parallel`), both cores.
 
 Every mask: causal, full and ("window", w) as bands; boolean arrays as the band [0, n) plus
 an additive 0 / -inf bias. A float score bias (n, n) (ALiBi, `attnflow.kernels.options`)
@@ -38,11 +38,11 @@ from numba import njit
 
 from attnflow._checks import fail
 from attnflow.kernels._simd import wide_vectors
-from attnflow.kernels._threads import parallel_ranges
 from attnflow.kernels._vexp import vexp2
 from attnflow.kernels.masks import MaskSpec, mask_matrix
 from attnflow.kernels.options import check_options
 from attnflow.kernels.types import Memory, Normalization
+from attnflow.parallel import parallel_ranges
 
 __all__ = ["LANES", "SUPPORTS", "attend", "band", "row_top"]
 

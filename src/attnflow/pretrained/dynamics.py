@@ -28,8 +28,8 @@ from attnflow.analysis.atlas import (
     classify_configuration,
     predict_configuration,
 )
+from attnflow.family import Attention
 from attnflow.kernels.masks import MaskSpec
-from attnflow.model import Attention
 from attnflow.pretrained.checkpoint import Checkpoint
 from attnflow.simulate import simulate
 from attnflow.sphere import normalize

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import describe, fail
-from attnflow.positional import RoPE
+from attnflow.family.positional import RoPE
 from attnflow.pretrained.checkpoint import HF_INITIALIZER_RANGE, AttentionLayer
 
 __all__ = ["ARCHITECTURES", "GGUFModel", "LlamaBlock", "LlamaConfig", "check_ids"]

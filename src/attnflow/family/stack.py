@@ -1,11 +1,11 @@
-"""Per-layer weights: a stack of attention layers, layer L acting on [L, L + 1)
-(docs/science.md §6).
+"""Per-layer weights: a stack of blocks, layer L acting on [L, L + 1) (docs/science.md §6).
 
 A real model has different weights in every layer; in continuous time that is a field that is
-piecewise constant in t. The paper's tied-weight model is the one-layer case (an `Attention`
-itself, which acts at every time). Each layer keeps all its own options (heads, beta, mask,
-positions, attention normalisation, scheme); the layers must share the state space (sphere or
-R^d) and the dimension d.
+piecewise constant in t. The paper's tied-weight model is the one-block case (a `Block`, e.g.
+an `Attention`, acts at every time). Each layer keeps all its own parts (heads, beta, mask,
+positions, weighting, schemes, feed-forward term); the layers must share the state space
+(sphere or R^d) and the dimension d. `Model` is what every function that takes a model
+accepts: a block or a stack.
 
     >>> import attnflow as af
     >>> layers = [af.Attention(beta=4.0, norm="pre", rope=af.RoPE(100.0)) for _ in range(4)]
@@ -21,25 +21,27 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow.model import Attention
+from attnflow.family.block import Attention, Block
+from attnflow.manifolds import Manifold
 
 __all__ = ["Model", "Stack", "model_from_record", "segments"]
 
 
 class Stack:
-    """Layers of attention, layer L (0-based) acting on the times [L, L + 1).
+    """Blocks, layer L (0-based) acting on the times [L, L + 1).
 
-    layers : a non-empty sequence of `Attention` models with one dimension d (or None, any d)
-        and one state space (`Attention.manifold`).
+    layers : a non-empty sequence of blocks (`attnflow.Attention` or `attnflow.Block`) with
+        one dimension d (or None, any d) and one state space (`Block.manifold`).
     """
 
-    def __init__(self, layers: Sequence[Attention]) -> None:
-        if isinstance(layers, Attention) or not isinstance(layers, Sequence) or not layers:
-            raise fail("layers", "a non-empty sequence of attnflow.Attention layers",
+    def __init__(self, layers: Sequence[Block]) -> None:
+        if isinstance(layers, Block) or not isinstance(layers, Sequence) or not layers:
+            raise fail("layers", "a non-empty sequence of attnflow blocks (Attention layers)",
                        repr(layers)[:80])
         for i, layer in enumerate(layers):
-            if not isinstance(layer, Attention):
-                raise fail(f"layers[{i}]", "an attnflow.Attention", type(layer).__name__)
+            if not isinstance(layer, Block):
+                raise fail(f"layers[{i}]", "an attnflow block (Attention)",
+                           type(layer).__name__)
         dims = {layer.d for layer in layers if layer.d is not None}
         if len(dims) > 1:
             raise fail("layers", "layers of one dimension d",
@@ -52,15 +54,15 @@ class Stack:
         if len(ns) > 1:
             raise fail("layers", "masks and biases for one number of tokens n",
                        f"n = {sorted(ns)}")
-        self.layers: tuple[Attention, ...] = tuple(layers)
+        self.layers: tuple[Block, ...] = tuple(layers)
         self.d: int | None = dims.pop() if dims else None
-        self.manifold: str = manifolds.pop()
+        self.manifold: Manifold = manifolds.pop()
 
     def __len__(self) -> int:
         return len(self.layers)
 
     def __repr__(self) -> str:
-        return f"Stack({len(self.layers)} layers, d={self.d}, manifold={self.manifold!r})"
+        return f"Stack({len(self.layers)} layers, d={self.d}, manifold={self.manifold.name!r})"
 
     @property
     def is_causal(self) -> bool:
@@ -78,7 +80,7 @@ class Stack:
             X = layer.check_tokens(X, name)
         return X
 
-    def layer_at(self, t: float) -> Attention:
+    def layer_at(self, t: float) -> Block:
         """The layer acting at time t (layer floor(t); the last one at t = len(self))."""
         return self.layers[min(int(math.floor(t)), len(self.layers) - 1)]
 
@@ -92,11 +94,11 @@ class Stack:
         return {"stack": metas}, arrays
 
 
-Model = Attention | Stack
+Model = Block | Stack
 
 
 def model_from_record(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Model:
-    """Inverse of `Attention.to_record` and `Stack.to_record`."""
+    """Inverse of `Block.to_record` and `Stack.to_record`."""
     if "stack" not in meta:
         return Attention.from_record(meta, arrays)
     layers = []
@@ -107,9 +109,9 @@ def model_from_record(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Mo
     return Stack(layers)
 
 
-def segments(model: Model, t_end: float) -> list[tuple[float, float, Attention]]:
+def segments(model: Model, t_end: float) -> list[tuple[float, float, Block]]:
     """The pieces (t0, t1, layer) of [0, t_end] on which the field is one layer's."""
-    if isinstance(model, Attention):
+    if isinstance(model, Block):
         return [(0.0, t_end, model)]
     if t_end > len(model):
         raise fail("t_end", f"a time <= {len(model)} (the stack's number of layers; layer L "

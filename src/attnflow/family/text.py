@@ -1,10 +1,15 @@
 """The model family's options written as text: command-line flags and sweep grids.
 
+Every registered part (`attnflow.family.PARTS`) with a text form is an option: ``--NAME TEXT``
+on the command line, the axis ``NAME`` in a sweep spec. The built-in ones:
+
 * norm: ``post`` | ``pre`` | ``peri`` | ``ngpt`` (nGPT's step: alpha, a number of its own)
 * attention: ``softmax`` | ``unnormalised`` | ``sinkhorn`` | ``sinkhorn:IT``
 * rope: ``none`` | ``BASE`` | ``BASE:PAIRING`` | ``BASE:PAIRING:OFFSET`` (pairing ``halves`` or
   ``adjacent``), e.g. ``10000:adjacent``
 * alibi: ``none`` | ``default`` (slopes 2^(-8h/H)) | ``S`` (one slope) | ``S1,S2,...`` (per head)
+* qk_norm: ``none`` | ``rms`` | ``rms:EPS``
+* mlp: ``none`` | ``ACT:WIDTH[:SEED]`` (random weights; ACT swiglu, geglu, gelu, relu)
 
 `family_options` turns them into keyword arguments of `attnflow.Attention`; errors name the
 option as the caller spells it (``--rope`` on the command line, ``rope`` in a sweep spec).
@@ -19,93 +24,95 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import describe, fail, number
-from attnflow.positional import ALiBi, RoPE
-from attnflow.schemes import SCHEMES
+from attnflow.family.block import Attention
+from attnflow.family.feedforward import MLP
+from attnflow.family.parts import PARTS, Part
+from attnflow.family.positional import ALiBi, RoPE
+from attnflow.family.schemes import Scheme
+from attnflow.family.stack import Stack
+from attnflow.family.weighting import Weighting
 
-__all__ = ["FAMILY_HELP", "family_options", "layers_from_npz", "parse_alibi",
-           "parse_attention", "parse_rope"]
+__all__ = ["BUILTIN", "DEFAULTS", "family_help", "family_options", "layers_from_npz",
+           "option_names", "parse_alibi", "parse_attention", "parse_rope"]
 
-FAMILY_HELP = {
-    "norm": "Normalisation scheme: post (the paper's, on the sphere) | pre | peri (tokens in "
-            "R^d) | ngpt.",
+# The options whose keyword in `attnflow.Attention` is their name (others go into `parts`).
+BUILTIN = ("norm", "attention", "rope", "alibi", "qk_norm", "mlp")
+DEFAULTS = {"norm": "post", "attention": "softmax"}  # text defaults; "none" for the others
+EXTRA_HELP = {
     "alpha": "nGPT's step alpha (with --norm ngpt).",
-    "attention": "Weight normalisation: softmax | unnormalised | sinkhorn[:IT] (full mask).",
-    "rope": "Rotary positions: none | BASE[:halves|adjacent[:OFFSET]], e.g. 10000:adjacent.",
-    "alibi": "Linear score biases: none | default (slopes 2^(-8h/H)) | S | S1,S2,... per head.",
     "noise": "sigma >= 0: dX = F dt + sigma P_X dW (methods euler, geodesic; seeded by --seed).",
     "layers": "Per-layer weights: an .npz with arrays Q, K (L, H, e, d) and V (L, H, d, d) "
               "(any may be absent: identity); layer l acts on [l, l + 1).",
 }
 
 
+def option_names() -> list[str]:
+    """The registered parts that have a text form: CLI flags and sweep axes, in order."""
+    return [name for name, cls in PARTS.items() if cls.text_help]
+
+
+def family_help() -> dict[str, str]:
+    """One help line per option (the registered parts' and `EXTRA_HELP`)."""
+    out = {name: f"{PARTS[name].help} Text: {PARTS[name].text_help}." for name in option_names()}
+    return {**out, **EXTRA_HELP}
+
+
 def parse_rope(text: str | None, name: str = "rope") -> RoPE | None:
     """A RoPE from ``BASE[:PAIRING[:OFFSET]]``, None from ``none`` or None."""
-    if text is None or text == "none":
-        return None
-    parts = str(text).split(":")
-    expected = "none or BASE[:halves|adjacent[:OFFSET]] with numbers BASE > 0 and OFFSET"
-    if len(parts) > 3:
-        raise fail(name, expected, repr(text))
-    try:
-        base = float(parts[0])
-        offset = float(parts[2]) if len(parts) == 3 else 0.0
-    except ValueError:
-        raise fail(name, expected, repr(text)) from None
-    try:
-        return RoPE(base, parts[1] if len(parts) > 1 else "halves", offset)
-    except ValueError as err:
-        raise fail(name, expected, f"{text!r} ({err})") from None
+    return RoPE.parse(text, name)
 
 
 def parse_alibi(text: str | None, name: str = "alibi") -> ALiBi | None:
     """An ALiBi from ``default``, ``S`` or ``S1,S2,...``; None from ``none`` or None."""
-    if text is None or text == "none":
-        return None
-    if text == "default":
-        return ALiBi()
-    expected = "none, default, a slope S >= 0 or slopes S1,S2,... >= 0"
-    try:
-        values = [float(v) for v in str(text).split(",")]
-    except ValueError:
-        raise fail(name, expected, repr(text)) from None
-    try:
-        return ALiBi(values[0] if len(values) == 1 else tuple(values))
-    except ValueError:
-        raise fail(name, expected, repr(text)) from None
+    return ALiBi.parse(text, name)
 
 
 def parse_attention(text: str, name: str = "attention") -> str | tuple[str, int]:
     """"softmax", "unnormalised" or ("sinkhorn", IT) from ``sinkhorn[:IT]``."""
-    if text in ("softmax", "unnormalised", "sinkhorn"):
-        return text
-    head, _, it = str(text).partition(":")
-    if head == "sinkhorn" and it.isdigit() and int(it) >= 1:
-        return ("sinkhorn", int(it))
-    raise fail(name, "softmax, unnormalised, sinkhorn or sinkhorn:IT (an integer IT >= 1)",
-               repr(text))
+    w = Weighting.parse(text, name)
+    return "sinkhorn" if text == "sinkhorn" else w.kernel_arg
 
 
 def family_options(norm: str = "post", alpha: float = 0.2, attention: str = "softmax",
                    rope: str | None = None, alibi: str | None = None,
-                   names: dict[str, str] | None = None) -> dict[str, Any]:
+                   names: dict[str, str] | None = None, d: int | None = None,
+                   **more: str | None) -> dict[str, Any]:
     """Keyword arguments of `attnflow.Attention` from the text forms (module docstring);
-    `names` maps each option to the name errors should use (default: the option's own)."""
-    names = {k: (names or {}).get(k, k) for k in ("norm", "alpha", "attention", "rope",
-                                                  "alibi")}
-    if norm not in SCHEMES:
-        raise fail(names["norm"], f"one of {', '.join(SCHEMES)}", repr(norm))
-    alpha = number(names["alpha"], alpha, 0.0, low_open=True)
-    return dict(norm=norm, alpha=alpha, attention=parse_attention(attention, names["attention"]),
-                rope=parse_rope(rope, names["rope"]), alibi=parse_alibi(alibi, names["alibi"]))
+    `more` holds the texts of further registered options by name (qk_norm, mlp, and any
+    registered part); `names` maps each option to the name errors should use (default: the
+    option's own); `d` is the dimension random MLP weights are drawn for."""
+    texts = {"norm": norm, "attention": attention, "rope": rope, "alibi": alibi, **more}
+    unknown = sorted(set(texts) - set(option_names()))
+    if unknown:
+        raise fail(unknown[0], f"one of the model family's options {option_names()}",
+                   repr(unknown[0]))
+    names = {k: (names or {}).get(k, k) for k in (*texts, "alpha")}
+    scheme = Scheme.parse(norm, names["norm"])  # "ngpt:ALPHA" carries its own alpha
+    kwargs: dict[str, Any] = dict(norm=scheme if ":" in str(norm) else norm,
+                                  alpha=number(names["alpha"], alpha, 0.0, low_open=True))
+    parts: list[Part] = []
+    for key, text in texts.items():
+        if key == "norm" or text is None:
+            continue
+        if key == "attention":
+            kwargs[key] = parse_attention(text, names[key])
+        elif key == "mlp":
+            kwargs[key] = MLP.parse(text, names[key], d=d)
+        elif key in BUILTIN:
+            kwargs[key] = PARTS[key].parse(text, names[key])
+        else:
+            part = PARTS[key].parse(text, names[key])
+            if part is not None:
+                parts.append(part)
+    if parts:
+        kwargs["parts"] = parts
+    return kwargs
 
 
 def layers_from_npz(path: str | os.PathLike, name: str = "layers", **options: Any):
     """A `Stack` from an .npz file of per-layer weights: arrays Q and K of shape (L, H, e, d)
     and V of shape (L, H, d, d), any of them absent for the identity (grouped-query heads:
     repeat K and V). `options` (beta, mask, norm, rope, ...) apply to every layer."""
-    from attnflow.model import Attention
-    from attnflow.stack import Stack
-
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: np.asarray(data[k]) for k in data.files}

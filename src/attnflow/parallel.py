@@ -1,4 +1,4 @@
-"""Both cores for the numba kernels: split an index range over a pool of threads.
+"""Both cores for the kernels and the integrators: split an index range over a thread pool.
 
 The kernels are compiled with ``nogil=True`` and run one contiguous share of their rows per
 call, so plain Python threads run them in parallel. Shares are handed out dynamically (more

@@ -9,7 +9,7 @@ the scores of one head in one of two ways, and only those:
 
 Every encoding is a small frozen dataclass with `rotate(x, positions)` (identity when it
 does not rotate), `bias(n, head, n_heads)` (None when it adds nothing), and a JSON record.
-A new encoding is one more class here registered in `ENCODINGS`; the model composes them
+A new encoding is one more `Encoding` subclass (a registered part); the model composes them
 without knowing which they are. Memory tokens (fixed keys) have no position: they are never
 rotated nor biased.
 """
@@ -22,17 +22,18 @@ from typing import Any, ClassVar
 import numpy as np
 
 from attnflow._checks import describe, fail, finite_array, number, positive
+from attnflow.family.parts import Part, part_from_record, register
 
-__all__ = ["ALiBi", "ENCODINGS", "Encoding", "RoPE", "ScoreBias", "encoding_from_record"]
+__all__ = ["ALiBi", "Encoding", "RoPE", "ScoreBias", "encoding_from_record"]
 
 PAIRINGS = ("halves", "adjacent")
 
 
 @dataclass(frozen=True)
-class Encoding:
+class Encoding(Part):
     """Base class: an encoding that changes nothing (see the module docstring)."""
 
-    kind: ClassVar[str] = ""
+    slot: ClassVar[str] = "encoding"
     adds_bias: ClassVar[bool] = False  # True when `bias` returns an array
 
     def check(self, head_size: int | None, n_heads: int) -> None:
@@ -48,11 +49,9 @@ class Encoding:
         """The additive (n, n) score bias of one head (None: no bias)."""
         return None
 
-    def to_record(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """A JSON-friendly description and named arrays (see `encoding_from_record`)."""
-        raise NotImplementedError
 
 
+@register
 @dataclass(frozen=True)
 class RoPE(Encoding):
     """Rotary position embedding (Su et al.): pair p of a head's coordinates is rotated by the
@@ -68,7 +67,9 @@ class RoPE(Encoding):
     base: float = 10000.0
     pairing: str = "halves"
     offset: float = 0.0
-    kind: ClassVar[str] = "rope"
+    name: ClassVar[str] = "rope"
+    help: ClassVar[str] = "Rotary positions (per layer in a Stack), e.g. 10000:adjacent."
+    text_help: ClassVar[str] = "none | BASE[:halves|adjacent[:OFFSET]]"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "base", positive("rope.base", self.base))
@@ -87,7 +88,8 @@ class RoPE(Encoding):
 
     def rotate(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         angles = (positions + self.offset)[:, None] * self.frequencies(x.shape[-1])
-        cos, sin = np.cos(angles), np.sin(angles)  # (n, e/2)
+        # (n, e/2), computed in float64 and used in the dtype of x (float32 stays float32)
+        cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
         half = x.shape[-1] // 2
         if self.pairing == "halves":
             a, b = x[..., :half], x[..., half:]
@@ -98,11 +100,35 @@ class RoPE(Encoding):
             return np.concatenate([ra, rb], axis=-1)
         return np.stack([ra, rb], axis=-1).reshape(x.shape)
 
-    def to_record(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def to_record(self, prefix: str = "") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         return {"kind": self.kind, "base": self.base, "pairing": self.pairing,
                 "offset": self.offset}, {}
 
+    @classmethod
+    def parse(cls, text: str | None, name: str | None = None) -> RoPE | None:
+        """A RoPE from ``BASE[:PAIRING[:OFFSET]]``, None from ``none`` or None."""
+        name = name or cls.name
+        if text is None or text == "none":
+            return None
+        parts = str(text).split(":")
+        expected = "none or BASE[:halves|adjacent[:OFFSET]] with numbers BASE > 0 and OFFSET"
+        if len(parts) > 3:
+            raise fail(name, expected, repr(text))
+        try:
+            base = float(parts[0])
+            offset = float(parts[2]) if len(parts) == 3 else 0.0
+        except ValueError:
+            raise fail(name, expected, repr(text)) from None
+        try:
+            return cls(base, parts[1] if len(parts) > 1 else "halves", offset)
+        except ValueError as err:
+            raise fail(name, expected, f"{text!r} ({err})") from None
 
+    def text(self) -> str:
+        return f"{self.base!r}:{self.pairing}:{self.offset!r}"
+
+
+@register
 @dataclass(frozen=True)
 class ALiBi(Encoding):
     """Attention with linear biases (Press et al.): b_ij = -lambda_h |i - j| for head h (for
@@ -113,7 +139,10 @@ class ALiBi(Encoding):
     """
 
     slopes: float | tuple[float, ...] | None = None
-    kind: ClassVar[str] = "alibi"
+    name: ClassVar[str] = "alibi"
+    help: ClassVar[str] = "Linear score biases; default slopes 2^(-8h/H)."
+    text_help: ClassVar[str] = "none | default | S | S1,S2,... (per head)"
+    kernel_options: ClassVar[frozenset[str]] = frozenset({"bias"})
     adds_bias: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -147,9 +176,34 @@ class ALiBi(Encoding):
         i = np.arange(n, dtype=float)
         return -self.slope(head, n_heads) * np.abs(i[:, None] - i[None, :])
 
-    def to_record(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def to_record(self, prefix: str = "") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         slopes = list(self.slopes) if isinstance(self.slopes, tuple) else self.slopes
         return {"kind": self.kind, "slopes": slopes}, {}
+
+    @classmethod
+    def parse(cls, text: str | None, name: str | None = None) -> ALiBi | None:
+        """An ALiBi from ``default``, ``S`` or ``S1,S2,...``; None from ``none`` or None."""
+        name = name or cls.name
+        if text is None or text == "none":
+            return None
+        if text == "default":
+            return cls()
+        expected = "none, default, a slope S >= 0 or slopes S1,S2,... >= 0"
+        try:
+            values = [float(v) for v in str(text).split(",")]
+        except ValueError:
+            raise fail(name, expected, repr(text)) from None
+        try:
+            return cls(values[0] if len(values) == 1 else tuple(values))
+        except ValueError:
+            raise fail(name, expected, repr(text)) from None
+
+    def text(self) -> str:
+        if self.slopes is None:
+            return "default"
+        if isinstance(self.slopes, tuple):
+            return ",".join(repr(v) for v in self.slopes)
+        return repr(self.slopes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,6 +213,7 @@ class ScoreBias(Encoding):
 
     matrix: np.ndarray = None  # type: ignore[assignment]
     kind: ClassVar[str] = "bias"
+    kernel_options: ClassVar[frozenset[str]] = frozenset({"bias"})
     adds_bias: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
@@ -182,11 +237,10 @@ class ScoreBias(Encoding):
             raise fail("X", f"n = {self.n} tokens to match the (n, n) bias", f"n = {n}")
         return self.matrix
 
-    def to_record(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def to_record(self, prefix: str = "") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         return {"kind": self.kind}, {"bias": self.matrix}
 
 
-ENCODINGS: dict[str, type[Encoding]] = {cls.kind: cls for cls in (RoPE, ALiBi, ScoreBias)}
 
 
 def as_rope(value: Any) -> RoPE | None:
@@ -218,5 +272,8 @@ def encoding_from_record(meta: dict[str, Any], arrays: dict[str, np.ndarray]) ->
         return ALiBi(tuple(s) if isinstance(s, list) else s)
     if kind == "bias":
         return ScoreBias(arrays["bias"])
-    raise fail("record", f"a positional encoding among {sorted(ENCODINGS)}", repr(kind))
+    encoding = part_from_record(meta, arrays)  # a registered encoding of another kind
+    if not isinstance(encoding, Encoding):
+        raise fail("record", "a positional encoding", repr(kind))
+    return encoding
 

@@ -1,0 +1,27 @@
+"""The model family as composable parts (docs/science.md §6, §8; docs/design.md).
+
+* parts (`parts`): schemes (`schemes`, with the norms of `norms`), weightings (`weighting`),
+  positional encodings (`positional`), heads and QK-norm (`heads`), the feed-forward term
+  (`feedforward`); each registered in `PARTS` with its name, text form and record;
+* the attention sublayer (`attention.SelfAttention`) and its exact Jacobian (`jacobian`);
+* blocks (`block.Block`, and `block.Attention`, one block from flat keyword arguments) and
+  stacks of blocks (`stack.Stack`), the two kinds of `Model`;
+* text forms of the options for the CLI and sweeps (`text`).
+"""
+
+from attnflow.family.attention import SelfAttention
+from attnflow.family.block import FORMS, Attention, Block
+from attnflow.family.feedforward import ACTIVATIONS, MLP
+from attnflow.family.heads import QKNorm
+from attnflow.family.norms import Direction, RMSNorm
+from attnflow.family.parts import KINDS, PARTS, Part, part_from_record, parts_table, register
+from attnflow.family.positional import ALiBi, Encoding, RoPE, ScoreBias
+from attnflow.family.schemes import NGPT, SCHEMES, Peri, Post, Pre, Scheme, make_scheme
+from attnflow.family.stack import Model, Stack, model_from_record, segments
+from attnflow.family.weighting import Weighting
+
+__all__ = ["ACTIVATIONS", "FORMS", "KINDS", "MLP", "NGPT", "PARTS", "SCHEMES", "ALiBi",
+           "Attention", "Block", "Direction", "Encoding", "Model", "Part", "Peri", "Post",
+           "Pre", "QKNorm", "RMSNorm", "RoPE", "Scheme", "ScoreBias", "SelfAttention", "Stack",
+           "Weighting", "make_scheme", "model_from_record", "part_from_record", "parts_table",
+           "register", "segments"]

@@ -1,0 +1,403 @@
+"""The attention sublayer: heads, scores, weights, values (docs/science.md §1, §6).
+
+For sublayer inputs u of shape (..., n, d) (rows are tokens; the directions theta = x / |x|
+of the state for the idealised schemes, RMSNorm(x) for a trained model's, see
+`attnflow.family.schemes`) and one head (Q, K, V), the output at token k is
+
+    A_k = sum_j w_kj V u_j,  w_kj = softmax_j(beta <Q u_k, K u_j> + b_kj), j in mask(k)
+
+Several heads are summed (``combine="sum"``, the default, as in a Transformer layer whose head
+outputs add into the residual stream) or averaged (``combine="mean"``). The scores may be
+changed by positional encodings (`attnflow.family.positional`: RoPE rotates q and k, ALiBi and
+any (n, n) array add a bias b) and by QK-norm (`attnflow.family.heads`), and the weights
+normalised otherwise than by softmax (`attnflow.family.weighting`). Memory tokens (fixed points
+m_j with multiplicities a_j) join every token's keys and values with log a_j added to their
+scores: the frozen-centers model of Theorem 5.2 is causal attention with memory. A block
+(`attnflow.family.block`) puts this sublayer, and optionally a feed-forward one, into a scheme.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from attnflow._checks import describe, fail, finite_array, nonnegative
+from attnflow.family.heads import Head, QKNorm, check_head, common_dimension
+from attnflow.family.jacobian import head_jacobian
+from attnflow.family.positional import (
+    Encoding,
+    ScoreBias,
+    encoding_from_record,
+)
+from attnflow.family.weighting import Weighting, as_weighting
+from attnflow.kernels import SUPPORTS, Kernel, Memory, auto, get_kernel, options
+from attnflow.kernels.dense import attention_weights
+from attnflow.kernels.masks import (
+    MaskSpec,
+    check_mask,
+    is_lower_triangular,
+    mask_from_record,
+    mask_matrix,
+    mask_to_record,
+)
+from attnflow.manifolds import sphere_tolerance
+
+__all__ = ["SelfAttention"]
+
+
+class SelfAttention:
+    """The attention sublayer of a block (module docstring).
+
+    Parameters
+    ----------
+    heads : a non-empty list of (Q, K, V) triples or (Q, K, V, O) quadruples
+        (`attnflow.family.heads`); Q, K of shape (e, d) with one head size e per head, None
+        the identity. Grouped-query heads share their K and V: pass the same arrays.
+    beta : inverse temperature, >= 0.
+    mask : "causal" (default), "full", ("window", w) (a causal sliding window of w tokens) or
+        a boolean (n, n) array.
+    memory : optional (points (m, d) on the sphere, weights (m,) > 0): fixed tokens every
+        token also attends to, each counted with multiplicity a_j (Theorem 5.2: a_j >= 1).
+    combine : "sum" (default) or "mean" over heads.
+    backend : the attention kernel (`attnflow.kernels.KERNELS`): "auto" (default) picks the
+        fastest kernel that has the sublayer's options per call; "dense" is the reference.
+    weighting : a `Weighting` or its short forms: "softmax" (default), "unnormalised",
+        "sinkhorn" / ("sinkhorn", it).
+    encodings : positional encodings (`Encoding` parts: RoPE, ALiBi, ScoreBias, ...), applied
+        in order.
+    qk_norm : a `QKNorm` or None.
+    single : the one head was given as Q, K, V (errors name "Q", not "heads[0].Q").
+    """
+
+    def __init__(
+        self,
+        heads: Sequence[Head],
+        beta: float = 1.0,
+        mask: MaskSpec = "causal",
+        memory: tuple[Any, Any] | None = None,
+        combine: str = "sum",
+        backend: str = "auto",
+        weighting: Weighting | str | tuple = "softmax",
+        encodings: Sequence[Encoding] = (),
+        qk_norm: QKNorm | None = None,
+        single: bool = False,
+    ) -> None:
+        self.beta = nonnegative("beta", beta)
+        self.mask = check_mask(mask)
+        if combine not in ("sum", "mean"):
+            raise fail("combine", "'sum' or 'mean'", repr(combine))
+        self.combine = combine
+        get_kernel(backend)  # validates the name
+        self.backend = backend
+        self.weighting = as_weighting(weighting)
+        if isinstance(heads, (str, bytes)) or not isinstance(heads, Sequence):
+            raise fail("heads", "a list of (Q, K, V) triples", repr(heads))
+        if len(heads) == 0:
+            raise fail("heads", "a non-empty list of (Q, K, V) triples", "an empty list")
+        raw = list(heads)
+        for h, head in enumerate(raw):
+            if not isinstance(head, (tuple, list)) or len(head) not in (3, 4):
+                raise fail(f"heads[{h}]", "a (Q, K, V) triple or a (Q, K, V, O) quadruple",
+                           repr(head)[:80])
+        self.d = common_dimension(raw, memory)
+        self.heads: list[tuple[np.ndarray | None, ...]] = [
+            check_head(head, self.d, None if single else h) for h, head in enumerate(raw)]
+        self.memory = None if memory is None else _check_memory(memory, self.d)
+        for e in encodings:
+            if not isinstance(e, Encoding):
+                raise fail("encodings", "positional encodings (attnflow Encoding parts)",
+                           type(e).__name__)
+        kinds = [e.kind for e in encodings]
+        twice = sorted({k for k in kinds if kinds.count(k) > 1})
+        if twice:
+            raise fail(twice[0], "one encoding of each kind (a part given once)",
+                       f"{kinds.count(twice[0])} of kind {twice[0]!r}")
+        self.encodings: tuple[Encoding, ...] = tuple(encodings)
+        if qk_norm is not None and not isinstance(qk_norm, QKNorm):
+            raise fail("qk_norm", "an attnflow.QKNorm or None", type(qk_norm).__name__)
+        self.qk_norm = qk_norm
+        for Qh, Kh, *_ in self.heads:  # (head size None: identities of any d, checked on X)
+            e = self.head_size(Qh, Kh)
+            for enc in self.encodings:
+                enc.check(e, len(self.heads))
+            if qk_norm is not None:
+                qk_norm.check(e)
+        self._check_options()
+
+    @property
+    def normalization(self) -> str | tuple[str, int]:
+        """The kernels' normalization argument ("softmax", "unnormalised", ("sinkhorn", it))."""
+        return self.weighting.kernel_arg
+
+    # ------------------------------------------------------------------ properties
+    def _check_options(self) -> None:
+        """Options that exclude each other, rows left with nothing to attend to, a backend
+        without the sublayer's options."""
+        if self.weighting.method == "sinkhorn" and (self.mask != "full"
+                                                    or self.memory is not None):
+            raise fail("attention", "'sinkhorn' with mask='full' and no memory (a doubly "
+                       "stochastic matrix needs every token to see every token)",
+                       f"mask {_mask_name(self.mask)!r}"
+                       + (" with memory" if self.memory is not None else ""))
+        n = self.fixed_n
+        if n is not None and self.memory is None:
+            allowed = mask_matrix(self.mask, n)
+            for e in self.encodings:
+                b = e.bias(n, 0, len(self.heads))
+                if b is not None:
+                    allowed = allowed & np.isfinite(b)
+            empty = np.flatnonzero(~allowed.any(axis=1))
+            if empty.size:
+                raise fail("mask", "every row to allow at least one key (or memory tokens "
+                           "to attend to)", f"no key allowed in row(s) {empty[:10].tolist()}")
+        if self.backend != "auto":
+            missing = self.options - SUPPORTS[self.backend]
+            if missing:
+                raise fail("backend", f"a kernel with the options {sorted(self.options)} "
+                           f"(kernels: { {k: sorted(v) for k, v in SUPPORTS.items()} })",
+                           f"{self.backend!r}, which lacks {sorted(missing)}")
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def is_causal(self) -> bool:
+        """True when token k depends on tokens 1..k only (causal or windowed mask)."""
+        return is_lower_triangular(self.mask)
+
+    @property
+    def fixed_n(self) -> int | None:
+        """The number of tokens fixed by a boolean mask or a bias array (None: any n)."""
+        if isinstance(self.mask, np.ndarray):
+            return self.mask.shape[0]
+        for e in self.encodings:
+            if isinstance(e, ScoreBias):
+                return e.n
+        return None
+
+    @property
+    def options(self) -> frozenset[str]:
+        """The kernel options this sublayer needs ("bias", "unnormalised", "sinkhorn")."""
+        bias = np.zeros(0) if any(e.adds_bias for e in self.encodings) else None
+        return options.needed(bias, self.normalization)
+
+    @property
+    def has_exact_jacobian(self) -> bool:
+        """True when `jacobian_parts` is available: softmax, no positional encoding, no
+        QK-norm, no factored (Q, K, V, O) heads."""
+        return (self.normalization == "softmax" and not self.encodings
+                and self.qk_norm is None and all(len(h) == 3 for h in self.heads))
+
+    def head_size(self, Q: np.ndarray | None, K: np.ndarray | None, d: int | None = None
+                  ) -> int | None:
+        """The size e of a head's queries and keys (d, or self.d, for identities)."""
+        m = Q if Q is not None else K
+        if m is not None:
+            return m.shape[0]
+        return self.d if d is None else d
+
+    def __repr__(self) -> str:
+        mask = "array" if isinstance(self.mask, np.ndarray) else self.mask
+        mem = 0 if self.memory is None else len(self.memory[1])
+        extra = "".join(f", {e.kind}" for e in self.encodings)
+        extra += ", qk_norm" if self.qk_norm is not None else ""
+        return (f"d={self.d}, beta={self.beta}, mask={mask!r}, heads={len(self.heads)}, "
+                f"combine={self.combine!r}, memory={mem}, attention={self.normalization!r}"
+                f"{extra}, backend={self.backend!r}")
+
+    # ------------------------------------------------------------------ the output
+    def check_tokens(self, X: Any, name: str = "X") -> np.ndarray:
+        """Validate a token array of shape (..., n, d) for this sublayer."""
+        X = finite_array(name, X, min_ndim=2)
+        if not np.issubdtype(X.dtype, np.floating):
+            X = X.astype(float)
+        if self.d is not None and X.shape[-1] != self.d:
+            raise fail(name, f"an array of shape (..., n, {self.d})", describe(X))
+        if X.shape[-2] == 0 or X.shape[-1] == 0 or X.size == 0:
+            raise fail(name, "at least one token of dimension >= 1", describe(X))
+        for Qh, Kh, *_ in self.heads:
+            e = self.head_size(Qh, Kh, X.shape[-1])
+            for enc in self.encodings:
+                enc.check(e, len(self.heads))
+            if self.qk_norm is not None:
+                self.qk_norm.check(e)
+        n = self.fixed_n
+        if n is not None and n != X.shape[-2]:
+            raise fail(name, f"n = {n} tokens to match the model's (n, n) mask or bias",
+                       describe(X))
+        return X
+
+    def kernel_for(self, X: np.ndarray) -> Kernel:
+        """The kernel for tokens shaped like X (..., n, d): the backend's, or for "auto" the
+        one it picks for that shape and the sublayer's options. `simulate` fixes it for a
+        whole run, so that stepping shares of the runs in parallel never switches kernels."""
+        if self.backend != "auto":
+            return get_kernel(self.backend)
+        e = max(self.head_size(Q, K, X.shape[-1]) for Q, K, *_ in self.heads)
+        q = np.broadcast_to(np.zeros((), X.dtype), (*X.shape[:-1], e))
+        return auto.choose(q, X, bias=self.score_bias(X.shape[-2], 0),
+                           normalization=self.normalization)
+
+    def output(self, u: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
+        """A: the sum (or mean) over heads of the attention-weighted values at the inputs
+        u (..., n, d) -> (..., n, d). `kernel` defaults to the backend's."""
+        kernel = get_kernel(self.backend) if kernel is None else kernel
+        n = u.shape[-2]
+        positions = np.arange(n, dtype=float)
+        out = None
+        cache: dict[tuple[int, str], np.ndarray] = {}  # shared K, V of grouped-query heads
+        for h, head in enumerate(self.heads):
+            Q, K, V = head[:3]
+            q = self._query_key(u, Q, positions, "q")
+            if K is Q:  # queries and keys are normalised and rotated alike: Q = K gives k = q
+                cache[(id(K), "k")] = q
+            k = cache.get((id(K), "k"))
+            if k is None:
+                k = cache[(id(K), "k")] = self._query_key(u, K, positions, "k")
+            v = cache.get((id(V), "v"))
+            if v is None:
+                v = cache[(id(V), "v")] = u if V is None else u @ V.T
+            y = kernel(q, k, v, self.beta, self.mask, self._memory(K, V),
+                       bias=self.score_bias(n, h), normalization=self.normalization)
+            if len(head) == 4:
+                y = y @ head[3].T
+            out = y if out is None else out + y
+        if self.combine == "mean" and len(self.heads) > 1:
+            out = out / len(self.heads)
+        return out
+
+    def _query_key(self, u: np.ndarray, M: np.ndarray | None, positions: np.ndarray,
+                   which: str) -> np.ndarray:
+        """Queries (which = "q") or keys ("k") of one head: M u, QK-normed, rotated."""
+        x = u if M is None else u @ M.T
+        if self.qk_norm is not None:
+            x = (self.qk_norm.q if which == "q" else self.qk_norm.k)(x)
+        for e in self.encodings:
+            x = e.rotate(x, positions)
+        return x
+
+    def score_bias(self, n: int, head: int) -> np.ndarray | None:
+        """The additive (n, n) score bias of one head (sum of the encodings'), or None."""
+        total = None
+        for e in self.encodings:
+            b = e.bias(n, head, len(self.heads))
+            if b is not None:
+                total = b if total is None else total + b
+        return total
+
+    def _memory(self, K: np.ndarray | None, V: np.ndarray | None) -> Memory | None:
+        """Memory keys and values of one head, or None without memory."""
+        if self.memory is None:
+            return None
+        points, weights = self.memory
+        return Memory(
+            k=points if K is None else points @ K.T,
+            v=points if V is None else points @ V.T,
+            log_weights=np.log(weights),
+        )
+
+    def jacobian_parts(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The output a (..., n, d) at inputs X and its derivative Da (..., n, d, n, d)
+        (`attnflow.family.jacobian`), when `has_exact_jacobian`."""
+        a = Da = None
+        for Q, K, V in self.heads:
+            a_h, Da_h = head_jacobian(X, Q, K, V, self.beta, self.mask, self._memory(K, V))
+            a, Da = (a_h, Da_h) if a is None else (a + a_h, Da + Da_h)
+        if self.combine == "mean" and len(self.heads) > 1:
+            a, Da = a / len(self.heads), Da / len(self.heads)
+        return a, Da
+
+    def weights(self, u: np.ndarray, head: int = 0) -> np.ndarray:
+        """The attention weights of one head (0-based), (..., n, n + m) (m memory columns
+        last), at the inputs u."""
+        if (isinstance(head, bool) or not isinstance(head, (int, np.integer))
+                or not 0 <= head < len(self.heads)):
+            raise fail("head", f"a head index in [0, {len(self.heads) - 1}]", repr(head))
+        n = u.shape[-2]
+        positions = np.arange(n, dtype=float)
+        Q, K, V = self.heads[head][:3]
+        q = self._query_key(u, Q, positions, "q")
+        k = self._query_key(u, K, positions, "k")
+        return attention_weights(q, k, self.beta, self.mask, self._memory(K, V),
+                                 bias=self.score_bias(n, head),
+                                 normalization=self.normalization)
+
+    # ------------------------------------------------------------------ records
+    def to_record(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """A JSON-friendly description and a dict of named arrays (the format of attnflow's
+        one-layer records since the first release, plus "qk_norm" and factored heads)."""
+        arrays: dict[str, np.ndarray] = {}
+        identity: list[list[bool]] = []
+        for h, head in enumerate(self.heads):
+            identity.append([m is None for m in head])
+            for name, m in zip("QKVO", head):
+                if m is not None:
+                    arrays[f"{name}_{h}"] = m
+        if self.memory is not None:
+            arrays["memory_points"], arrays["memory_weights"] = self.memory
+        encodings = []
+        for e in self.encodings:
+            meta_e, arrays_e = e.to_record()
+            encodings.append(meta_e)
+            arrays.update(arrays_e)
+        normalization = (list(self.normalization) if isinstance(self.normalization, tuple)
+                         else self.normalization)
+        meta = {
+            "d": self.d,
+            "beta": self.beta,
+            "mask": mask_to_record(self.mask),
+            "combine": self.combine,
+            "backend": self.backend,
+            "n_heads": len(self.heads),
+            "identity": identity,
+            "attention": normalization,
+            "encodings": encodings,
+        }
+        if self.qk_norm is not None:
+            meta["qk_norm"], qk_arrays = self.qk_norm.to_record("qk_")
+            arrays.update(qk_arrays)
+        return meta, arrays
+
+    @classmethod
+    def from_record(cls, meta: dict[str, Any], arrays: dict[str, np.ndarray]
+                    ) -> SelfAttention:
+        """Inverse of `to_record` (records written before the model family read as softmax
+        attention without positions)."""
+        heads = []
+        for h, ident in enumerate(meta["identity"]):
+            heads.append(tuple(None if ident[i] else arrays[f"{name}_{h}"]
+                               for i, name in enumerate("QKVO"[:len(ident)])))
+        memory = None
+        if "memory_points" in arrays:
+            memory = (arrays["memory_points"], arrays["memory_weights"])
+        attention = meta.get("attention", "softmax")
+        qk = meta.get("qk_norm")
+        return cls(heads, beta=meta["beta"], mask=mask_from_record(meta["mask"]),
+                   memory=memory, combine=meta["combine"], backend=meta["backend"],
+                   weighting=tuple(attention) if isinstance(attention, list) else attention,
+                   encodings=[encoding_from_record(rec, arrays)
+                              for rec in meta.get("encodings", [])],
+                   qk_norm=None if qk is None else QKNorm.from_record(qk, arrays),
+                   single=meta["n_heads"] == 1)
+
+
+def _mask_name(mask: MaskSpec) -> str:
+    return "array" if isinstance(mask, np.ndarray) else str(mask)
+
+
+def _check_memory(memory: Any, d: int | None) -> tuple[np.ndarray, np.ndarray]:
+    if not isinstance(memory, (tuple, list)) or len(memory) != 2:
+        raise fail("memory", "a (points, weights) pair", repr(memory))
+    points = finite_array("memory points", memory[0], ndim=2, dtype=float)
+    weights = finite_array("memory weights", memory[1], ndim=1, dtype=float)
+    if d is not None and points.shape[1] != d:
+        raise fail("memory points", f"an (m, {d}) array", describe(points))
+    if weights.shape[0] != points.shape[0]:
+        raise fail("memory weights", f"an array of shape ({points.shape[0]},)", describe(weights))
+    if np.any(weights <= 0):
+        raise fail("memory weights", "multiplicities > 0", f"min {weights.min()}")
+    off = float(np.max(np.abs(np.linalg.norm(points, axis=1) - 1.0)))
+    if off > sphere_tolerance(points.dtype):
+        raise fail("memory points", "unit vectors (points on the sphere)",
+                   f"norms off 1 by up to {off:.3g}")
+    return points, weights

@@ -1,0 +1,133 @@
+"""Attention heads: (Q, K, V) triples or (Q, K, V, O) quadruples, grouped-query sharing, and
+QK-norm (docs/science.md §6, §8).
+
+A head acts on the sublayer input u (..., n, d): queries q = u Q^T and keys k = u K^T of one
+head size e (Q, K of shape (e, d); None is the identity, e = d), values v = u V^T. With three
+matrices V is (d, d) and the head's output is sum_j w_ij v_j; with four, V is (f, d) and O
+(d, f): the output is O sum_j w_ij v_j, the factored W_O^h W_V^h of a trained model (cheaper
+when f < d). Heads that share a K or V array (grouped-query attention) compute it once.
+
+QK-norm (Gemma 3, OLMo 2) applies an RMSNorm with a gain to every head's queries and keys
+before the positional rotation: q <- g_q * q / sqrt(mean(q^2) + eps), likewise k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from attnflow._checks import describe, fail, finite_array, nonnegative, square_matrix
+from attnflow.family.norms import RMSNorm
+from attnflow.family.parts import Part, register
+
+__all__ = ["Head", "QKNorm", "check_head", "common_dimension"]
+
+Head = tuple[Any, ...]
+
+
+@register
+@dataclass(frozen=True, eq=False)
+class QKNorm(Part):
+    """RMSNorm of every head's queries and keys: gains gain_q, gain_k of shape (e,) (None:
+    ones), eps >= 0."""
+
+    gain_q: Any = None
+    gain_k: Any = None
+    eps: float = 1e-6
+    name: ClassVar[str] = "qk_norm"
+    slot: ClassVar[str] = "qk_norm"
+    help: ClassVar[str] = "RMSNorm of queries and keys per head (Gemma 3), gains 1 from text."
+    text_help: ClassVar[str] = "none | rms[:EPS]"
+
+    def __post_init__(self) -> None:
+        for attr in ("gain_q", "gain_k"):
+            g = getattr(self, attr)
+            if g is not None:
+                g = finite_array(f"qk_norm.{attr}", g, ndim=1)
+                object.__setattr__(self, attr, g.astype(float) if g.dtype.kind != "f" else g)
+        object.__setattr__(self, "eps", nonnegative("qk_norm.eps", self.eps))
+
+    @property
+    def q(self) -> RMSNorm:
+        return RMSNorm(self.gain_q, self.eps)
+
+    @property
+    def k(self) -> RMSNorm:
+        return RMSNorm(self.gain_k, self.eps)
+
+    def check(self, head_size: int | None) -> None:
+        """Raise ValueError if a gain does not match the head size e."""
+        for attr in ("gain_q", "gain_k"):
+            g = getattr(self, attr)
+            if g is not None and head_size is not None and g.shape[0] != head_size:
+                raise fail(f"qk_norm.{attr}", f"a gain of shape ({head_size},) (the head size)",
+                           describe(g))
+
+    @classmethod
+    def parse(cls, text: str | None, name: str | None = None) -> QKNorm | None:
+        if text is None or text == "none":
+            return None
+        head, _, eps = str(text).partition(":")
+        try:
+            if head == "rms":
+                return cls(eps=float(eps) if eps else 1e-6)
+        except ValueError:
+            pass
+        raise fail(name or cls.name, "none, rms or rms:EPS with a number EPS >= 0", repr(text))
+
+    def text(self) -> str:
+        return f"rms:{self.eps!r}"
+
+
+def check_head(head: Head, d: int | None, h: int | None) -> tuple[np.ndarray | None, ...]:
+    """Q, K as (e, d) with one head size e; V as (d, d), or V (f, d) with O (d, f); None
+    stays the identity. Floating arrays keep their dtype (float32 weights stay float32)."""
+    prefix = "" if h is None else f"heads[{h}]."
+    names = tuple(f"{prefix}{m}" for m in "QKVO"[:len(head)])
+    mats = tuple(None if m is None else _matrix(name, m) for name, m in zip(names, head))
+    Q, K, V = mats[:3]
+    O = mats[3] if len(mats) == 4 else None
+    if len(mats) == 4:
+        if V is None or O is None:
+            raise fail(f"{names[2]}, {names[3]}", "V (f, d) and O (d, f) both given with O",
+                       f"V {describe(V)}, O {describe(O)}")
+        if (d is not None and V.shape[1] != d) or O.shape != (V.shape[1], V.shape[0]):
+            raise fail(f"{names[2]}, {names[3]}", f"V of shape (f, {d}) and O of shape "
+                       f"({d}, f)", f"V {describe(V)}, O {describe(O)}")
+    elif V is not None:
+        V = square_matrix(names[2], V, d)
+    sizes = {name: m.shape[0] for name, m in zip(names[:2], (Q, K)) if m is not None}
+    for name, m in zip(names[:2], (Q, K)):
+        if m is not None and (m.shape[0] == 0 or (d is not None and m.shape[1] != d)):
+            raise fail(name, f"an (e, {d}) matrix with e >= 1", describe(m))
+    if len(set(sizes.values()) | ({d} if len(sizes) == 1 else set())) > 1:
+        raise fail(f"{names[0]}, {names[1]}", "one head size e for Q (e, d) and K (e, d) (e = d "
+                   "when one of them is the identity)", f"row counts {sizes}")
+    return (Q, K, V) if len(mats) == 3 else (Q, K, V, O)
+
+
+def _matrix(name: str, m: Any) -> np.ndarray:
+    a = finite_array(name, m, ndim=2)
+    return a if a.dtype.kind == "f" else a.astype(float)
+
+
+def common_dimension(heads: list[Head], memory: Any) -> int | None:
+    """The dimension d fixed by the given matrices or memory (None: any d)."""
+    # Matrices act on column vectors of R^d: d is the column count of Q, K, V (O is (d, f)).
+    dims = {np.shape(m)[-1] for head in heads for m in head[:3]
+            if m is not None and np.ndim(m) >= 1}
+    dims |= {np.shape(head[3])[0] for head in heads
+             if len(head) == 4 and head[3] is not None and np.ndim(head[3]) == 2}
+    if memory is not None:
+        try:
+            points = np.asarray(memory[0])
+        except (TypeError, IndexError) as err:
+            raise fail("memory", "a (points, weights) pair", repr(memory)) from err
+        if points.ndim == 2:
+            dims.add(points.shape[1])
+    if len(dims) > 1:
+        raise fail("Q, K, V, memory", "matrices and memory points of one dimension d",
+                   f"dimensions {sorted(dims)}")
+    return dims.pop() if dims else None

@@ -1,0 +1,209 @@
+"""Normalisation schemes: where the layer norm sits around a sublayer, and so what the state
+is (docs/science.md §6, §8).
+
+Tokens are x_i = r_i theta_i (direction theta_i, radius r_i > 0). A sublayer s (attention or
+the feed-forward term) reads its input u = N_in(x) and returns s(u); a scheme turns that into
+the velocity of the state and into the drift D of an Euler step x <- retract(x + h D):
+
+=======  =========  ==========================  ============================================
+scheme   state      velocity dx_i/dt            Transformer sublayer it idealises (h = 1)
+=======  =========  ==========================  ============================================
+post     sphere     P_x(s(x))                   x <- LN(x + s(x))  (the paper's)
+pre      R^d        s(N(x))                     x <- x + s(N(x))  (GPT-2, LLaMA/RMSNorm)
+peri     R^d        N_out(s(N(x)))              x <- x + N_out(s(N(x)))  (sandwich, Gemma)
+ngpt     sphere     alpha P_x(s(x) / |s(x)|)    x <- norm(x + alpha s(x) / |s(x)|)  (nGPT)
+=======  =========  ==========================  ============================================
+
+N and N_out are `attnflow.family.norms` objects: the direction x / |x| (default; the theory's
+idealisation) or RMSNorm with a gain and eps (a trained model's). With directions, pre-LN in
+polar form is dr/dt = <theta, s>, dtheta/dt = P_theta(s) / r: the radius grows and slows the
+angular motion; peri-LN is the same with s / |s| (0 where s = 0). On the sphere the input is
+the state itself (unit rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from attnflow._checks import fail, number
+from attnflow.family.norms import Direction, Norm, norm_from_record, unit
+from attnflow.family.parts import Part, register
+from attnflow.manifolds import EUCLIDEAN, SPHERE, Manifold
+from attnflow.sphere import project
+
+__all__ = ["NGPT", "SCHEMES", "Peri", "Post", "Pre", "Scheme", "make_scheme"]
+
+
+@register
+@dataclass(frozen=True, eq=False)
+class Scheme(Part):
+    """A normalisation scheme (module docstring): its state space, the sublayer's input, and
+    how the sublayer's output moves the state."""
+
+    name: ClassVar[str] = "norm"
+    slot: ClassVar[str] = "scheme"
+    help: ClassVar[str] = ("Normalisation scheme: post (the paper's, on the sphere) | pre | peri "
+                           "(tokens in R^d) | ngpt.")
+    text_help: ClassVar[str] = "post | pre | peri | ngpt[:ALPHA]"
+    manifold: ClassVar[Manifold] = SPHERE
+
+    def inputs(self, X: np.ndarray) -> np.ndarray:
+        """The sublayer's input u (..., n, d) at the state X: X itself on the sphere."""
+        return X
+
+    def field(self, X: np.ndarray, S: np.ndarray) -> np.ndarray:
+        """The velocity dX/dt (..., n, d) given the sublayer output S = s(inputs(X))."""
+        raise NotImplementedError
+
+    def drift(self, X: np.ndarray, S: np.ndarray) -> np.ndarray:
+        """The ambient drift D of an Euler step x <- retract(x + h D)."""
+        return self.field(X, S)
+
+    @property
+    def exact_jacobian(self) -> bool:
+        """True when blocks with this scheme have a closed-form Jacobian (post-LN)."""
+        return False
+
+    def check(self, d: int | None, name: str) -> None:
+        """Raise ValueError if the scheme's norms cannot act on tokens of dimension d."""
+
+    @property
+    def idealised(self) -> bool:
+        """True when every norm is the direction x / |x| (the family's idealisation)."""
+        return True
+
+    def params(self) -> dict[str, Any]:
+        """The scheme's scalar parameters for the record."""
+        return {}
+
+    @classmethod
+    def parse(cls, text: str, name: str | None = None) -> Scheme:
+        head, _, rest = str(text).partition(":")
+        if head not in SCHEMES or (rest and head != "ngpt"):
+            raise fail(name or cls.name, f"one of {', '.join(SCHEMES)} (ngpt[:ALPHA])",
+                       repr(text))
+        if rest:
+            try:
+                return NGPT(float(rest))
+            except ValueError:
+                raise fail(name or cls.name, "ngpt:ALPHA with a number ALPHA > 0",
+                           repr(text)) from None
+        return SCHEMES[head]()
+
+    def text(self) -> str:
+        return self.kind
+
+    def to_record(self, prefix: str = "") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        meta: dict[str, Any] = {"kind": self.kind, **self.params()}
+        arrays: dict[str, np.ndarray] = {}
+        for attr in ("norm", "out_norm"):
+            n = getattr(self, attr, None)
+            if n is not None and n != Direction(attr == "out_norm"):
+                meta[attr], a = n.to_record(f"{prefix}{attr}_")
+                arrays.update(a)
+        return meta, arrays
+
+    @classmethod
+    def from_record(cls, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Scheme:
+        kwargs = {k: v for k, v in meta.items() if k not in ("kind", "norm", "out_norm")}
+        for attr in ("norm", "out_norm"):
+            if attr in meta:
+                kwargs[attr] = norm_from_record(meta[attr], arrays)
+        return SCHEMES[meta["kind"]](**kwargs)
+
+
+@dataclass(frozen=True, eq=False)
+class Post(Scheme):
+    kind: ClassVar[str] = "post"
+
+    def field(self, X, S):
+        return project(X, S)
+
+    def drift(self, X, S):
+        return S
+
+    @property
+    def exact_jacobian(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, eq=False)
+class Pre(Scheme):
+    """Pre-LN: the sublayer reads N(x), its output adds to the residual stream."""
+
+    norm: Norm = Direction()
+    kind: ClassVar[str] = "pre"
+    manifold: ClassVar[Manifold] = EUCLIDEAN
+
+    def inputs(self, X):
+        return self.norm(X)
+
+    def field(self, X, S):
+        return S
+
+    def check(self, d, name):
+        self.norm.check(d, f"{name}.norm")
+
+    @property
+    def idealised(self) -> bool:
+        return isinstance(self.norm, Direction)
+
+
+@dataclass(frozen=True, eq=False)
+class Peri(Pre):
+    """Peri-LN (sandwich): N_out(s(N(x))) adds to the residual stream."""
+
+    out_norm: Norm = Direction(zero_safe=True)
+    kind: ClassVar[str] = "peri"
+
+    def field(self, X, S):
+        return self.out_norm(S)
+
+    def check(self, d, name):
+        super().check(d, name)
+        self.out_norm.check(d, f"{name}.out_norm")
+
+    @property
+    def idealised(self) -> bool:
+        return isinstance(self.norm, Direction) and isinstance(self.out_norm, Direction)
+
+
+@dataclass(frozen=True, eq=False)
+class NGPT(Scheme):
+    """nGPT (Loshchilov et al.): the step toward the normalised sublayer output, alpha."""
+
+    alpha: float = 0.2
+    kind: ClassVar[str] = "ngpt"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "alpha", number("alpha", self.alpha, 0.0, low_open=True))
+
+    def field(self, X, S):
+        return self.alpha * project(X, unit(S))
+
+    def drift(self, X, S):
+        return self.alpha * unit(S)
+
+    def params(self) -> dict[str, Any]:
+        return {"alpha": self.alpha}
+
+    def text(self) -> str:
+        return f"ngpt:{self.alpha!r}"
+
+
+SCHEMES: dict[str, type[Scheme]] = {cls.kind: cls for cls in (Post, Pre, Peri, NGPT)}
+
+
+def make_scheme(norm: str | Scheme, alpha: float = 0.2, name: str = "norm") -> Scheme:
+    """The scheme `norm` (an object, or "post", "pre", "peri", "ngpt"); alpha is nGPT's step
+    when `norm` is a name."""
+    if isinstance(norm, Scheme):
+        if type(norm) is Scheme:
+            raise fail(name, "a concrete scheme (Post, Pre, Peri, NGPT)", "the base Scheme")
+        return norm
+    if not isinstance(norm, str) or norm not in SCHEMES:
+        raise fail(name, f"one of {tuple(SCHEMES)} or a Scheme", repr(norm))
+    return NGPT(alpha) if norm == "ngpt" else SCHEMES[norm]()

@@ -1,0 +1,95 @@
+"""One builder: a decoder's weights, as a reader returns them, into a family `Stack`
+(docs/science.md §7-8).
+
+Layer L of a LLaMA-architecture decoder (SmolLM2; `attnflow.pretrained.gguf`) is the block
+
+    attention: heads (W_Q^h, W_K^{kv(h)}, W_V^{kv(h)}, W_O^h), beta = 1 / sqrt(e), causal,
+               RoPE on adjacent pairs, in the pre-LN scheme with RMSNorm(g_attn, eps);
+    MLP:       SwiGLU (W_gate, W_up, W_down), pre-LN with RMSNorm(g_ffn, eps);
+
+in sequential form, so that Euler with dt = 1 is exactly the network's forward pass
+(`attnflow.pretrained.forward`) and finer steps of the continuous form give its ODE. Query
+heads that share a key/value head (grouped-query attention) share the K and V arrays, which
+the attention sublayer then computes once.
+
+`idealised_stack` is the theory's twin of the same weights: attention only, directions
+instead of RMSNorm (the gains and sqrt(d) folded into the weights, eps = 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnflow._checks import fail
+from attnflow.family import MLP, Attention, Pre, RMSNorm, RoPE, Stack
+from attnflow.pretrained.gguf import GGUFModel
+
+__all__ = ["decoder_stack", "idealised_stack"]
+
+
+def _dtype(dtype: Any) -> np.dtype:
+    if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise fail("dtype", "float32 or float64", repr(dtype))
+    return np.dtype(dtype)
+
+
+def decoder_stack(model: GGUFModel, mlp: bool = True, offset: float = 0.0,
+                  dtype: Any = np.float64, backend: str = "auto",
+                  form: str = "sequential") -> Stack:
+    """The decoder as a Stack of blocks (module docstring); weights in `dtype`.
+
+    mlp : False drops every feed-forward sublayer (attention and norms only).
+    offset : the position of the first token (RoPE positions offset, offset + 1, ...).
+    form : "sequential" (default: Euler dt = 1 is the network) or "continuous".
+    """
+    c = model.config
+    dt = _dtype(dtype)
+    H, Hkv, e, d = c.n_heads, c.n_kv_heads, c.d_head, c.d
+    rope = RoPE(c.rope_base, pairing="adjacent", offset=float(offset))
+    layers = []
+    for index in range(c.n_layers):
+        b = model.block(index)
+        Ks = [k.copy() for k in b.W_K.astype(dt).reshape(Hkv, e, d)]
+        Vs = [v.copy() for v in b.W_V.astype(dt).reshape(Hkv, e, d)]
+        Qs = b.W_Q.astype(dt).reshape(H, e, d)
+        Os = b.W_O.astype(dt).reshape(d, H, e)
+        heads = [(Qs[h].copy(), Ks[kv], Vs[kv], Os[:, h].copy())
+                 for h, kv in enumerate(c.kv_head)]
+        ffn = MLP(b.W_up.astype(dt), b.W_down.astype(dt), b.W_gate.astype(dt), "swiglu") \
+            if mlp else None
+        layers.append(Attention(
+            heads=heads, beta=1.0 / np.sqrt(e), mask="causal", backend=backend,
+            norm=Pre(RMSNorm(b.attn_norm.astype(dt), c.rms_eps)), rope=rope, mlp=ffn,
+            mlp_norm=Pre(RMSNorm(b.ffn_norm.astype(dt), c.rms_eps)) if mlp else None,
+            form=form))
+    return Stack(layers)
+
+
+def idealised_stack(model: GGUFModel, backend: str = "auto") -> Stack:
+    """The model's attention sublayers as the theory's dynamics: a Stack of pre-LN blocks on
+    the token directions, no MLP.
+
+    RMSNorm(x) * g = sqrt(d) g * theta (eps aside), so with that factor folded into the
+    weights the heads of layer L are, for query head h and its key/value head kv(h),
+
+        Q_h = sqrt(d) W_Q^h diag(g),  K_h = sqrt(d) W_K^{kv(h)} diag(g)  (e, d),
+        V_h = sqrt(d) W_O^h W_V^{kv(h)} diag(g)  (d, d),  beta = 1 / sqrt(e),
+
+    with RoPE on adjacent pairs; heads sharing a key/value head share one K array. One Euler
+    step of size 1 per layer is then `decoder_stack(model, mlp=False)`'s when eps = 0
+    (relative difference about eps / mean(x^2) otherwise).
+    """
+    c = model.config
+    scale = np.sqrt(c.d)
+    layers = []
+    for index in range(c.n_layers):
+        w = model.layer(index)
+        g = scale * w.norm_gains["attn_norm"]
+        shared = {int(kv): w.W_K[h] * g for h, kv in enumerate(w.kv_head)}
+        heads = [(w.W_Q[h] * g, shared[int(w.kv_head[h])], w.W_O[h] @ (w.W_V[h] * g))
+                 for h in range(c.n_heads)]
+        layers.append(Attention(heads=heads, beta=1.0 / np.sqrt(c.d_head), norm="pre",
+                                rope=c.rope, backend=backend))
+    return Stack(layers)
