@@ -7,7 +7,7 @@ and compose panels. Conventions of the paper's figures (docs/science.md §5):
 * tokens are coloured by their index k (the arrival order; dark = early, light = late) with
   a colour map whose lightness increases monotonically, so it survives greyscale printing;
 * final positions are red (Fig. 1); strong Rényi centers are red and Rényi centers black
-  (Fig. 2), with delta = 4 beta^{-1/2} by default (docs/science.md §3, §4);
+  (Fig. 2), with delta = 4 beta^{-1/2} (at most pi) by default (docs/science.md §3, §4);
 * for d larger than the picture (d > 2 on the circle, d > 3 on the sphere) tokens are
   projected orthogonally onto two or three orthonormal directions: the top principal
   directions of the plotted states (default), eigenvectors of V, or any given directions;

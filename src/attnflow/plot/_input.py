@@ -99,12 +99,12 @@ def _beta(traj: Trajectory, t: float) -> float:
 
 def _delta(beta: float, delta: float | None) -> float:
     """The Rényi radius: given, or 4 beta^{-1/2} as in all the paper's figures
-    (docs/science.md §3)."""
+    (docs/science.md §3), capped at pi (for beta < 16 / pi^2 the ball is the whole sphere)."""
     if delta is not None:
         return positive("delta", delta)
     if beta == 0:
         raise fail("delta", "a radius (the default 4 beta^{-1/2} needs beta > 0)", "None")
-    return 4.0 / np.sqrt(beta)
+    return min(float(np.pi), 4.0 / np.sqrt(beta))
 
 
 def _tol(beta: float, tol: float | None) -> float:

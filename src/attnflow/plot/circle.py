@@ -63,7 +63,8 @@ def plot_circle(
         (`attnflow.analysis.clusters`), placed at its first token, in that token's colour,
         with area proportional to the cluster's size.
     centers : mark Rényi centers (black rings) and strong Rényi centers (red dots) of radius
-        `delta` (default 4 beta^{-1/2}), placed on an outer ring at the angles of the tokens.
+        `delta` (default 4 beta^{-1/2}, at most pi), placed on an outer ring at the angles of
+        the tokens.
     centers_from : the time whose configuration defines the centers: "start" (default, the
         first saved time: centers chosen at arrival and followed by index, as in the paper),
         a time (the nearest saved one), or None to recompute them at each time shown.

@@ -72,9 +72,10 @@ def plot_timeseries(
 
     Top panel: the number of single-linkage clusters at geodesic tolerance tol (default
     beta^{-1/2} / 4; `attnflow.analysis.cluster_count`) and the numbers of Rényi and strong
-    Rényi centers of radius delta (default 4 beta^{-1/2}) of the configuration at each time
-    (docs/science.md §4). Bottom panel: max_k d(x_k(t), x_1(0)), the largest geodesic distance to
-    the first token's start, which tends to 0 when all tokens join x_1(0) (Theorem 4.1).
+    Rényi centers of radius delta (default 4 beta^{-1/2}, at most pi) of the configuration at
+    each time (docs/science.md §4). Bottom panel: max_k d(x_k(t), x_1(0)), the largest
+    geodesic distance to the first token's start, which tends to 0 when all tokens join
+    x_1(0) (Theorem 4.1).
     Meta-stable plateaus show as flat stretches (docs/science.md §3). t = 0 is left out (log axis).
     Token directions x / |x| are counted (the states themselves on the sphere); the default
     tol and delta take beta from the layer acting at the first time shown (for tied weights,
