@@ -17,13 +17,18 @@ from attnflow.analysis import default_cluster_tol
 from attnflow.trajectory import Trajectory
 
 
+def _trajectory(traj: Any) -> Trajectory:
+    """traj itself, if it is a Trajectory."""
+    if not isinstance(traj, Trajectory):
+        raise TypeError(f"traj: expected an attnflow.Trajectory, received {type(traj).__name__}")
+    return traj
+
+
 def _runs(traj: Any, raw: bool = False) -> np.ndarray:
     """The trajectory's token directions x / |x| as (T, runs, n, d) (what is drawn: the states
     themselves on the sphere, their directions for pre- and peri-LN runs in R^d), or with
     `raw` its states (what a layer acts on)."""
-    if not isinstance(traj, Trajectory):
-        raise TypeError(f"traj: expected an attnflow.Trajectory, received {type(traj).__name__}")
-    T, n, d = len(traj.times), traj.n, traj.d
+    T, n, d = len(_trajectory(traj).times), traj.n, traj.d
     return (traj.states if raw else traj.directions).reshape(T, -1, n, d)
 
 

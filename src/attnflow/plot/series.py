@@ -13,7 +13,15 @@ from matplotlib.figure import Figure
 
 from attnflow._checks import fail
 from attnflow.analysis import cluster_count, renyi_centers, strong_renyi_centers
-from attnflow.plot._input import _beta, _delta, _finite, _states, _time_range, _tol
+from attnflow.plot._input import (
+    _beta,
+    _delta,
+    _finite,
+    _states,
+    _time_range,
+    _tol,
+    _trajectory,
+)
 from attnflow.plot._style import (
     COLUMN,
     RED,
@@ -85,8 +93,7 @@ def plot_timeseries(
     run=i draws one run. `ax` is a pair of Axes (counts, spread). Cost: the centers are
     recomputed at every saved time of every run, O(T runs n^2 d).
     """
-    _states(traj, run)  # the trajectory and the run are checked before the layer is asked
-    beta = _beta(traj, traj.times[_positive_times(traj.times, t_range)[0]])
+    beta = _beta(traj, _trajectory(traj).times[_positive_times(traj.times, t_range)[0]])
     tol, delta = _tol(beta, tol), _delta(beta, delta)
     data = _series(traj, run, t_range, tol, delta)
     t = data["t"]
