@@ -14,6 +14,10 @@ from typer.testing import CliRunner
 import attnflow as af
 from attnflow import plot
 from attnflow.cli import app
+from attnflow.plot._input import _delta, _tol
+from attnflow.plot.movies import _time_format
+from attnflow.plot.series import _series
+from attnflow.plot.sphere import _camera
 from attnflow.trajectory import Trajectory
 
 FUNCTIONS = {
@@ -153,7 +157,7 @@ def test_sphere_marks_final_points_in_red_and_hides_nothing():
               and np.allclose(c.get_facecolors()[:, :3], red[:3])]
     drawn = np.concatenate([c.get_offsets() for c in finals])
     assert len(drawn) == 20
-    C = plot._camera((90, 0))
+    C = _camera((90, 0))
     expected = (states[-1] @ C.T)[:, :2]
     key = np.lexsort(drawn.T)
     np.testing.assert_allclose(drawn[key], expected[np.lexsort(expected.T)], atol=1e-12)
@@ -164,11 +168,11 @@ def test_sphere_marks_final_points_in_red_and_hides_nothing():
 
 def test_camera_is_orthonormal_and_right_handed():
     for view in [(0, 0), (25, -60), (90, 30), (-40, 200)]:
-        C = plot._camera(view)
+        C = _camera(view)
         np.testing.assert_allclose(C @ C.T, np.eye(3), atol=1e-12)
         assert np.isclose(np.linalg.det(C), 1.0)
-    np.testing.assert_allclose(plot._camera((90, 0))[2], [0, 0, 1], atol=1e-12)
-    np.testing.assert_allclose(plot._camera((0, 0))[2], [1, 0, 0], atol=1e-12)
+    np.testing.assert_allclose(_camera((90, 0))[2], [0, 0, 1], atol=1e-12)
+    np.testing.assert_allclose(_camera((0, 0))[2], [1, 0, 0], atol=1e-12)
 
 
 def test_principal_frame_finds_the_plane_of_a_great_circle(rng):
@@ -231,7 +235,7 @@ def test_timeseries_counts_known_clumps_and_spread():
     phi = {0: [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], 1: [0.0, 0.0, 2.0, 2.0, 4.0, 4.0],
            2: [0.0, 0.0, 0.0, 2.5, 2.5, 2.5], 3: [0.0] * 6}
     tr = synthetic(np.stack([on_circle(np.array(phi[i])) for i in range(4)]))
-    data = plot._series(tr, None, None, tol=0.1, delta=0.5)
+    data = _series(tr, None, None, tol=0.1, delta=0.5)
     np.testing.assert_array_equal(data["t"], [1, 2, 3])
     for key in ("clusters", "renyi", "strong"):
         np.testing.assert_array_equal(data[key][:, 0], [3, 2, 1])
@@ -244,8 +248,8 @@ def test_timeseries_counts_known_clumps_and_spread():
 
 def test_timeseries_of_a_batch_shows_mean_and_percentile_band(runs):
     fig = plot.plot_timeseries(runs[8])
-    data = plot._series(runs[8], None, None, plot._tol(runs[8], None),
-                        plot._delta(runs[8], None))
+    beta = 4.0  # the runs' model
+    data = _series(runs[8], None, None, _tol(beta, None), _delta(beta, None))
     np.testing.assert_allclose(fig.axes[0].lines[0].get_ydata(), data["clusters"].mean(axis=1))
     assert len(fig.axes[0].collections) == 3  # one band per count
     assert "2 runs" in fig.axes[0].get_legend().get_title().get_text()
@@ -274,8 +278,8 @@ def test_gif_has_the_requested_frames_and_size(runs, tmp_path, d):
 
 def test_movie_frames_are_evenly_spaced_saved_times_with_distinct_labels():
     times = np.array([0.0, 0.1, 0.2, 0.3, 1.0])
-    assert f"{0.1:{plot._time_format(times)}}" != f"{0.2:{plot._time_format(times)}}"
-    assert plot._time_format(np.arange(0.0, 1000.0, 1.0)) == ".0f"
+    assert f"{0.1:{_time_format(times)}}" != f"{0.2:{_time_format(times)}}"
+    assert _time_format(np.arange(0.0, 1000.0, 1.0)) == ".0f"
 
 
 def test_mp4_has_the_requested_frames(runs, tmp_path):
