@@ -233,3 +233,41 @@ def test_a_mixed_stack_saves_and_loads_bit_identically_and_has_an_energy(tmp_pat
 def test_bad_parts_name_the_argument(build, pattern):
     with pytest.raises(ValueError, match=pattern):
         build()
+
+
+def test_cli_simulates_a_saved_mixed_stack_and_builds_family_flags(tmp_path):
+    from typer.testing import CliRunner
+
+    from attnflow.cli import app
+
+    d = 4
+    stack = af.Stack([af.Attention(beta=1.0, norm="pre", mlp=_mlp(d, 3, "relu")),
+                      af.Attention(beta=2.0, norm="peri", form="sequential",
+                                   mlp=_mlp(d, 5, "swiglu", 2))])
+    saved = tmp_path / "stack.nc"
+    af.simulate(stack, RNG.normal(size=(3, d)), 2.0, method="euler", dt=0.5).save(saved)
+    out = tmp_path / "cli.nc"
+    run = CliRunner().invoke(app, ["simulate", "--layers", str(saved), "--n", "6", "--t-end",
+                                   "2", "--method", "euler", "--dt", "0.25", "--seed", "3",
+                                   "--no-progress", "--out", str(out)])
+    assert run.exit_code == 0, run.output
+    traj = af.load(out)
+    again = af.simulate(af.load(saved).model, af.sphere.uniform(6, d, 3), 2.0,
+                        save_at=traj.times, method="euler", dt=0.25)
+    np.testing.assert_array_equal(traj.states, again.states)
+    bad = CliRunner().invoke(app, ["simulate", "--layers", str(saved), "--mlp", "relu:3",
+                                   "--out", str(tmp_path / "x.nc")])
+    assert bad.exit_code == 2 and "--mlp: expected no value with --layers .nc" in bad.output
+    out2 = tmp_path / "flags.nc"
+    run = CliRunner().invoke(app, ["simulate", "--n", "5", "--d", "4", "--t-end", "0.5",
+                                   "--norm", "pre", "--mlp", "geglu:8:1", "--qk-norm", "rms",
+                                   "--no-progress", "--out", str(out2)])
+    assert run.exit_code == 0, run.output
+    model = af.load(out2).model
+    assert model.mlp.activation == "geglu" and model.mlp.width == 8
+    np.testing.assert_array_equal(model.mlp.W_up, MLP.random(4, 8, "geglu", 1).W_up)
+    assert model.qk_norm is not None and model.norm == "pre"
+    for flag, text, pattern in (("--mlp", "swish:4", "--mlp: expected none or ACT:WIDTH"),
+                                ("--qk-norm", "l2", "--qk-norm: expected none, rms or rms:EPS")):
+        bad = CliRunner().invoke(app, ["simulate", flag, text, "--out", str(tmp_path / "y.nc")])
+        assert bad.exit_code == 2 and pattern in bad.output, bad.output

@@ -160,6 +160,9 @@ def simulate(
            "without --from-model")
     if layers is not None:
         unused(given(ctx, Q="--Q", K="--K", V="--V", d="--d"), "with --layers")
+        if layers.suffix in MODEL_FILES:  # the saved model itself: every option is its own
+            unused(given(ctx, beta="--beta", mask="--mask", alpha="--alpha", **flags),
+                   f"with --layers {layers.suffix} (a saved model keeps its own options)")
     texts = {k: (None if v == "none" and k not in DEFAULTS else v) for k, v in family.items()}
     model_d = d if layers is None else None
     family = family_options(alpha=alpha, names={**flags, "alpha": "--alpha"}, d=model_d,
@@ -219,7 +222,13 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
         tol = radius("cluster_tol", cluster_tol) if cluster_tol is not None else \
             default_cluster_tol(nonnegative("beta", beta))
         family = family or {}
-        if layers is not None:
+        if layers is not None and layers.suffix in MODEL_FILES:
+            model = _saved_model(layers)
+            d = d if model.d is None else model.d
+            if cluster_tol is None:  # the saved model's first beta, not the CLI default
+                tol = default_cluster_tol(model.layers[0].beta)
+            segments(model, t_end)  # t_end <= the number of layers
+        elif layers is not None:
             model = layers_from_npz(layers, "--layers", beta=beta, mask=mask_from_text(mask),
                                     **family)
             d = d if model.d is None else model.d
@@ -235,6 +244,20 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
     x0 = uniform((batch, n) if batch > 1 else n, d, seed).astype(dtype)
     return Setup(model=model, x0=x0, t_end=t_end, save_at=times, method=method, dt=dt,
                  rtol=rtol, atol=atol, seed=seed, cluster_tol=tol, out=out, noise=noise)
+
+
+MODEL_FILES = (".nc", ".zarr")  # --layers given a saved Trajectory: its model
+
+
+def _saved_model(path: Path) -> Any:
+    """The model of a saved Trajectory (any block or Stack: mixed blocks, MLPs, ...)."""
+    from attnflow.trajectory import load
+
+    try:
+        return load(path).model
+    except (OSError, ValueError, KeyError) as err:
+        raise fail("--layers", "an .npz of per-layer weights or a saved Trajectory (.nc, "
+                   ".zarr) whose model to simulate", f"{str(path)!r} ({err})") from None
 
 
 def _run(setup: Setup, progress: bool) -> None:

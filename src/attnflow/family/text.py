@@ -42,7 +42,8 @@ EXTRA_HELP = {
     "alpha": "nGPT's step alpha (with --norm ngpt).",
     "noise": "sigma >= 0: dX = F dt + sigma P_X dW (methods euler, geodesic; seeded by --seed).",
     "layers": "Per-layer weights: an .npz with arrays Q, K (L, H, e, d) and V (L, H, d, d) "
-              "(any may be absent: identity); layer l acts on [l, l + 1).",
+              "(any may be absent: identity), or a saved run (.nc, .zarr) whose model (any "
+              "Stack of blocks) to simulate; layer l acts on [l, l + 1).",
 }
 
 
