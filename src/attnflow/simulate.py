@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from attnflow._checks import describe, fail, number, positive
+from attnflow._progress import progress_bar
 from attnflow.brownian import BrownianPath
 from attnflow.family import Block, Model, Stack, segments
 from attnflow.implicit import IMPLICIT
@@ -97,7 +97,8 @@ def simulate(
         times = _on_grid(times, dt, save_at is None, [b for _, b, _ in pieces])
         runs = int(np.prod(x0.shape[:-2], dtype=int))
         path = BrownianPath(seed, runs, x0.shape[-2:], dt * 2**level)
-    with _progress(progress, t_end) as report:
+    with progress_bar(progress, t_end, "simulating",
+                      "t = {task.completed:.4g}" + f" / {t_end:g}") as report:
         start = time.perf_counter()
         states, work = _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report,
                                          model.manifold, sigma, path, level)
@@ -190,21 +191,3 @@ def _on_grid(times: np.ndarray, dt: float, default: bool, bounds: list[float]) -
             raise fail("save_at", f"times on the step grid k dt (dt = {dt:g}) with noise",
                        describe(t))
     return np.round(steps) * dt
-
-
-@contextlib.contextmanager
-def _progress(progress: bool | Callable[[float], None], t_end: float
-              ) -> Iterator[Callable[[float], None] | None]:
-    if callable(progress):
-        yield progress
-        return
-    if not progress:
-        yield None
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (TextColumn("simulating"), BarColumn(), TextColumn("t = {task.completed:.4g}"
-               f" / {t_end:g}"), TimeRemainingColumn())
-    with Progress(*columns, transient=True) as bar:
-        task = bar.add_task("simulate", total=t_end or 1.0)
-        yield lambda t: bar.update(task, completed=t)
