@@ -127,3 +127,15 @@ def test_an_interrupted_sweep_resumes_and_opens_without_warnings(tmp_path):
     first = partial.status.values == 1
     np.testing.assert_array_equal(partial.cluster_count.values[first],
                                   reference.cluster_count.values[first])
+
+
+def test_the_readme_python_examples_run(tmp_path, monkeypatch):
+    """Every ```python block of the README runs as written (in a scratch folder)."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)\n```", readme, re.S)
+    assert len(blocks) >= 3
+    monkeypatch.chdir(tmp_path)
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
