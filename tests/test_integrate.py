@@ -186,7 +186,7 @@ def test_implicit_method_reports_the_failing_run():
 def test_stepping_shares_of_the_runs_in_parallel_changes_nothing(method):
     """simulate steps shares of independent runs on the kernel threads; the states must be
     bit-identical to stepping the whole batch at once."""
-    from attnflow.integrate import integrate
+    from attnflow.integrate import Drift, integrate
 
     model = af.Attention(beta=9.0)
     # Big enough for the threads; "auto" picks the fused kernel for the batch, the blocked
@@ -195,8 +195,8 @@ def test_stepping_shares_of_the_runs_in_parallel_changes_nothing(method):
     times = np.array([0.0, 0.5])
     field, drift = (partial(f, kernel=model.kernel_for(x0))
                     for f in (model.tangent_field, model.attention_output))
-    whole = integrate(field, x0, times, method, 0.1, drift=drift)
-    shares = integrate(field, x0, times, method, 0.1, drift=drift, runs_independent=True)
+    whole = integrate(Drift(field, euler=drift), x0, times, method, 0.1)
+    shares = integrate(Drift(field, euler=drift, runs_independent=True), x0, times, method, 0.1)
     assert np.array_equal(whole.states, shares.states)
     assert np.array_equal(af.simulate(model, x0, 0.5, save_at=[0.5], method=method,
                                       dt=0.1).final, whole.states[-1])

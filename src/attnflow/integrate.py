@@ -72,8 +72,39 @@ DEFAULT_ATOL = 1e-9
 
 
 @dataclass(frozen=True)
+class Drift:
+    """The drift term F(X) dt of the equation, with what the methods need beside F.
+
+    field : F, the velocity (tangent to the sphere there).
+    euler : the ambient drift D of Euler steps x <- retract(x + h D) (default: F).
+    jacobian : one run's state (n, d) -> dF/dx (n, d, n, d) for the implicit methods
+        (default: finite differences).
+    splitting : drifts D_1, D_2, ... applied in turn by an Euler step (a block in sequential
+        form; "euler" only, module docstring).
+    runs_independent : F maps each run (leading index) on its own: the fixed-step methods
+        may step shares of the runs in parallel, in cache.
+    """
+
+    field: Field
+    euler: Field | None = None
+    jacobian: Callable[[np.ndarray], np.ndarray] | None = None
+    splitting: tuple[Field, ...] | None = None
+    runs_independent: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("field", "euler", "jacobian"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise fail(f"drift.{name}", "a function of the state", repr(value)[:80])
+        if self.splitting is not None and (not self.splitting or not all(
+                callable(f) for f in self.splitting)):
+            raise fail("drift.splitting", "None or a non-empty tuple of functions",
+                       repr(self.splitting)[:80])
+
+
+@dataclass(frozen=True)
 class Noise:
-    """The noise term sigma dW of an SDE: W a Brownian path whose grid has step
+    """The diffusion term sigma dW of an SDE: W a Brownian path whose grid has step
     path.dt0 / 2^level (the integrator's dt); `first_step` is the index on that grid of the
     integrator's first step (for a run integrated in segments)."""
 
@@ -442,7 +473,7 @@ def _check_finite(x: np.ndarray, t: float) -> None:
 
 # ---------------------------------------------------------------------------- driver
 def integrate(
-    field: Field,
+    drift: Drift,
     x0: np.ndarray,
     times: np.ndarray,
     method: str = "rk4",
@@ -450,31 +481,26 @@ def integrate(
     rtol: float | None = None,
     atol: float | None = None,
     progress: Progress | None = None,
-    drift: Field | None = None,
-    jacobian: Callable[[np.ndarray], np.ndarray] | None = None,
-    runs_independent: bool = False,
     manifold: Manifold | str = SPHERE,
     noise: Noise | None = None,
     t0: float = 0.0,
-    splitting: tuple[Field, ...] | None = None,
     grain: int = 1,
 ) -> Solution:
-    """Advance x0 (..., n, d) from time t0 under `field`; return the states at `times`
-    (strictly increasing, >= t0). See the module docstring for the methods; `drift` is the
-    ambient drift used by "euler" (default: the field itself); `jacobian` maps one run's
-    state (n, d) to dF/dx (n, d, n, d) for the implicit methods (default: finite differences).
-    For the implicit methods, which solve run by run, the counts are averages per run.
-    `runs_independent` says the field maps each run (leading index) on its own: the
-    fixed-step methods then step shares of the runs in parallel, in cache, in shares that
-    are multiples of `grain` runs. `manifold` is a `Manifold` (or "sphere", "euclidean");
-    `noise` makes it an SDE (methods in `NOISY`, steps of exactly dt); `splitting` makes the
-    Euler step a composition of sublayer steps (module docstring; "euler" only)."""
+    """Advance x0 (..., n, d) from time t0 under the `drift` term (and the `noise` term, an
+    SDE: methods in `NOISY`, steps of exactly dt); return the states at `times` (strictly
+    increasing, >= t0). See the module docstring for the methods. For the implicit methods,
+    which solve run by run, the counts are averages per run. Independent runs are stepped
+    in shares that are multiples of `grain` runs. `manifold` is a `Manifold` (or "sphere",
+    "euclidean")."""
+    if not isinstance(drift, Drift):
+        raise fail("drift", "an attnflow.integrate.Drift term", type(drift).__name__)
     manifold = as_manifold(manifold)
     keep_start = times[0] == t0
     if not keep_start:
         times = np.concatenate([[t0], times])
-    sol = _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
-                 runs_independent, manifold, noise, splitting, grain)
+    sol = _solve(drift.field, x0, times, method, dt, rtol, atol, progress, drift.euler,
+                 drift.jacobian, drift.runs_independent, manifold, noise, drift.splitting,
+                 grain)
     if not keep_start:
         sol.times, sol.states = sol.times[1:], sol.states[1:]
     return sol

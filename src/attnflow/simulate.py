@@ -14,7 +14,7 @@ from attnflow._progress import progress_bar
 from attnflow.brownian import BrownianPath
 from attnflow.family import Block, Model, Stack, segments
 from attnflow.implicit import IMPLICIT
-from attnflow.integrate import NOISY, Noise, check_solver_args, integrate
+from attnflow.integrate import NOISY, Drift, Noise, check_solver_args, integrate
 from attnflow.kernels.fused import LANES
 from attnflow.manifolds import SPHERE
 from attnflow.sphere import inner
@@ -129,11 +129,12 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
         # implicit methods solve run by run).
         kernel = layer.kernel_for(x if method not in IMPLICIT else x[(0,) * (x.ndim - 2)])
         noise = None if sigma is None else Noise(sigma, path, level, round(a / dt))
-        sol = integrate(partial(layer.tangent_field, kernel=kernel), x, stops, method, dt,
-                        rtol, atol, report, drift=partial(layer.drift, kernel=kernel),
-                        jacobian=layer.jacobian if layer.has_exact_jacobian else None,
-                        runs_independent=True, manifold=manifold, noise=noise, t0=a,
-                        splitting=layer.splitting(kernel), grain=LANES)
+        drift = Drift(partial(layer.tangent_field, kernel=kernel),
+                      euler=partial(layer.drift, kernel=kernel),
+                      jacobian=layer.jacobian if layer.has_exact_jacobian else None,
+                      splitting=layer.splitting(kernel), runs_independent=True)
+        sol = integrate(drift, x, stops, method, dt, rtol, atol, report, manifold=manifold,
+                        noise=noise, t0=a, grain=LANES)
         saved.extend(sol.states[: len(inside)])
         x = sol.states[-1]
         for key in work:
