@@ -14,8 +14,10 @@ gemma3: x = sqrt(d) E[ids]; per layer (sandwich norm)
     x += RMSNorm(W_down(gelu_tanh(W_gate u) * W_up u)) g_post_ffw,  u = RMSNorm(x) g_ffn
 with q, k RMS-normalised per head (gains attn_q_norm, attn_k_norm) before RoPE, RoPE on halves
 (x_p, x_p+e/2) (the converter does not permute Gemma's rows; llama.cpp's NEOX rope type),
-scores q.k / sqrt(e); layer L is local (keys j with i - j < window, RoPE base 1e4) unless
-(L + 1) % 6 == 0 (global, the file's rope.freq_base). The gains are used as stored: the
+scores q.k / sqrt(e); layer L is local (keys j with i - j < window, RoPE base
+rope.freq_base_swa, else 1e4) unless the file's sliding_window_pattern makes it global (a
+period p: (L + 1) % p == 0, p = 6 when absent; or one flag per layer), with RoPE base
+rope.freq_base. The gains are used as stored: the
 converter stores 1 + w for Gemma's RMSNorm(x) (1 + w) (tests/test_gemma.py proves it).
 """
 
@@ -68,6 +70,13 @@ def load(source: str | Path | gguf.GGUFReader) -> Reference:
           "base": meta(a + "rope.freq_base", 10000.0),
           "window": meta(a + "attention.sliding_window")}
     hp["e"] = meta(a + "attention.key_length", hp["d"] // hp["heads"])
+    hp["local_base"] = meta(a + "rope.freq_base_swa", GEMMA_LOCAL_BASE)
+    pattern = r.fields.get(a + "attention.sliding_window_pattern")
+    if pattern is not None and pattern.types[0] == gguf.GGUFValueType.ARRAY:  # True = local
+        hp["local"] = [bool(pattern.parts[i][0]) for i in pattern.data]
+    else:
+        period = meta(a + "attention.sliding_window_pattern", GEMMA_PATTERN)
+        hp["local"] = [(L + 1) % period != 0 for L in range(hp["layers"])]
     t = {}
     for tensor in r.tensors:
         shape = tuple(int(s) for s in reversed(tensor.shape))
@@ -131,8 +140,8 @@ def forward(ref: Reference, ids, logits: str = "all", gain_shift: float = 0.0,
         if gemma:
             q = _rms(q, gain(p + "attn_q_norm.weight"), eps)
             k = _rms(k, gain(p + "attn_k_norm.weight"), eps)
-            if (L + 1) % GEMMA_PATTERN:
-                base = GEMMA_LOCAL_BASE
+            if hp["local"][L]:
+                base = hp["local_base"]
                 visible = visible & (i - j < hp["window"])
         q, k = _rotate(q, base, pairs), _rotate(k, base, pairs)
         group = H // Hkv

@@ -270,3 +270,29 @@ def test_gemma3_conventions_gains_as_stored_and_rope_on_halves(gemma):
                           "adjacent": {"pairs": "adjacent"}}.items():
         ppl[case] = ref.perplexity(ref.forward(weights, ids, **options)[1], ids)
     assert ppl["stored"] < MAX_PERPLEXITY < min(ppl["plus one"], ppl["adjacent"]), ppl
+
+
+def test_a_text_longer_than_the_context_is_refused(tiny):
+    m = GGUFModel(tiny[0])  # context 32: BOS and 31 tokens fit
+    assert len(m.token_ids("a" * 31)) == 32
+    with pytest.raises(ValueError, match=r"text: .*at most 32 tokens.*33 tokens"):
+        m.token_ids("a" * 32)
+
+
+def test_reference_sliding_window_limits_how_far_back_a_token_sees(tmp_path):
+    """Only local layers (window 3): after 7 layers position i depends on tokens i - 14 .. i
+    and on no earlier one; with the default pattern (a global layer) it depends on all."""
+    w = gemma_weights(1)
+    ids = [TOKENS.index(t) for t in "abcab▁abcbcaab▁cbacab"]
+    changed = [TOKENS.index("c")] + ids[1:]
+    write_gemma(tmp_path / "local.gguf", w, pattern=[True] * LAYERS)
+    write_gemma(tmp_path / "mixed.gguf", w)
+    for name, reach in (("local", 2 * LAYERS), ("mixed", None)):
+        weights = ref.load(tmp_path / f"{name}.gguf")
+        a, b = ref.forward(weights, ids, logits="none")[0], ref.forward(weights, changed,
+                                                                         logits="none")[0]
+        moved = np.abs(a[-1] - b[-1]).max(axis=1) > 0
+        if reach is None:
+            assert moved.all()
+        else:
+            assert moved[: reach + 1].all() and not moved[reach + 1:].any()

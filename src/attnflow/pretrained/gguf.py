@@ -531,12 +531,18 @@ class GGUFModel:
                              str(self.path))
 
     def token_ids(self, text: str) -> list[int]:
-        """The model's tokenisation of `text` (a BOS token first when the file asks for it)."""
+        """The model's tokenisation of `text` (a BOS token first when the file asks for it);
+        a text of more tokens than the trained context (`DecoderConfig.context_length`) is
+        refused."""
         if not isinstance(text, str) or not text:
             raise fail("text", "a non-empty string", repr(text))
         ids = list(self.tokenizer.encode(text).ids)
         if self.config.add_bos and self.config.bos_id is not None:
             ids.insert(0, self.config.bos_id)
+        context = self.config.context_length
+        if context is not None and len(ids) > context:
+            raise fail("text", f"a text of at most {context} tokens (the model's context)",
+                       f"{len(ids)} tokens")
         return ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
