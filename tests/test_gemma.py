@@ -230,6 +230,14 @@ def one_blas_thread():
         yield
 
 
+@pytest.fixture(scope="module")
+def paragraph(gemma):
+    """(ids, logits) of the reference forward over the docs paragraph (gains as stored)."""
+    m, weights = gemma
+    ids = m.token_ids(PARAGRAPH)
+    return ids, ref.forward(weights, ids)[1]
+
+
 @needs_gemma
 def test_gemma3_270m_architecture(gemma):
     c = gemma[0].config
@@ -242,11 +250,10 @@ def test_gemma3_270m_architecture(gemma):
 
 
 @needs_gemma
-def test_gemma3_270m_is_a_working_language_model(gemma, record_property):
+def test_gemma3_270m_is_a_working_language_model(gemma, paragraph, record_property):
     m, weights = gemma
-    ids = m.token_ids(PARAGRAPH)
+    ids, logits = paragraph
     assert ids[0] == m.config.bos_id and m.decode(ids[1:]) == PARAGRAPH
-    _, logits = ref.forward(weights, ids)
     ppl = ref.perplexity(logits, ids)
     prompt = m.token_ids("The capital of France is")
     paris = m.tokenizer.encode(" Paris").ids
@@ -260,13 +267,14 @@ def test_gemma3_270m_is_a_working_language_model(gemma, record_property):
 
 
 @needs_gemma
-def test_gemma3_conventions_gains_as_stored_and_rope_on_halves(gemma):
+def test_gemma3_conventions_gains_as_stored_and_rope_on_halves(gemma, paragraph):
     """The numerical proof of the conventions, on the paragraph's first 96 tokens: gains read
-    as w + 1 (had the file stored Gemma's w) or RoPE on adjacent pairs break the model."""
-    m, weights = gemma
-    ids = m.token_ids(PARAGRAPH)[:96]
-    ppl = {}
-    for case, options in {"stored": {}, "plus one": {"gain_shift": 1.0},
+    as w + 1 (had the file stored Gemma's w) or RoPE on adjacent pairs break the model (the
+    first 96 logits of the whole paragraph's pass are those of its first 96 tokens)."""
+    _, weights = gemma
+    ids, logits = paragraph[0][:96], paragraph[1][:96]
+    ppl = {"stored": ref.perplexity(logits, ids)}
+    for case, options in {"plus one": {"gain_shift": 1.0},
                           "adjacent": {"pairs": "adjacent"}}.items():
         ppl[case] = ref.perplexity(ref.forward(weights, ids, **options)[1], ids)
     assert ppl["stored"] < MAX_PERPLEXITY < min(ppl["plus one"], ppl["adjacent"]), ppl
