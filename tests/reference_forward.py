@@ -107,9 +107,13 @@ def _gelu_tanh(z: np.ndarray) -> np.ndarray:
 
 
 def forward(ref: Reference, ids, logits: str = "all", gain_shift: float = 0.0,
-            pairs: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+            pairs: str | None = None, record: dict | None = None
+            ) -> tuple[np.ndarray, np.ndarray | None]:
     """The residual stream (layers + 1, n, d) (embeddings, then after each layer) and the
     logits ((n, vocab) for "all", (1, vocab) for "last", None for "none"), float64.
+
+    record : a dict to fill with "resid_mid" (layers, n, d), the stream after each attention
+    sublayer, and "pattern" (layers, H, n, n), the attention weights (rows: queries).
 
     gain_shift and pairs exist only to test the conventions: every RMSNorm gain g is used as
     g + gain_shift; pairs overrides the RoPE pairing ("adjacent" or "halves").
@@ -129,6 +133,7 @@ def forward(ref: Reference, ids, logits: str = "all", gain_shift: float = 0.0,
         x = x * np.sqrt(d)
     stream = [x]
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    mids, patterns = [], []
     for L in range(hp["layers"]):
         p = f"blk.{L}."
         u = _rms(x, gain(p + "attn_norm.weight"), eps)
@@ -146,16 +151,20 @@ def forward(ref: Reference, ids, logits: str = "all", gain_shift: float = 0.0,
         q, k = _rotate(q, base, pairs), _rotate(k, base, pairs)
         group = H // Hkv
         out = np.empty((n, H * e))
+        pattern = np.empty((H, n, n))
         for h in range(H):
             s = q[h] @ k[h // group].T / np.sqrt(e)
             s = np.where(visible, s, -np.inf)
             a = np.exp(s - s.max(1, keepdims=True))
             a /= a.sum(1, keepdims=True)
+            pattern[h] = a
             out[:, h * e:(h + 1) * e] = a @ v[h // group]
         attn = out @ ref.w(p + "attn_output.weight").T
         if gemma:
             attn = _rms(attn, gain(p + "post_attention_norm.weight"), eps)
         x = x + attn
+        mids.append(x)
+        patterns.append(pattern)
         u = _rms(x, gain(p + "ffn_norm.weight"), eps)
         gate = u @ ref.w(p + "ffn_gate.weight").T
         act = _gelu_tanh(gate) if gemma else gate / (1 + np.exp(-gate))
@@ -164,6 +173,8 @@ def forward(ref: Reference, ids, logits: str = "all", gain_shift: float = 0.0,
             mlp = _rms(mlp, gain(p + "post_ffw_norm.weight"), eps)
         x = x + mlp
         stream.append(x)
+    if record is not None:
+        record.update(resid_mid=np.array(mids), pattern=np.array(patterns))
     if logits == "none":
         return np.array(stream), None
     last = x if logits == "all" else x[-1:]

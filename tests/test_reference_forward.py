@@ -27,7 +27,14 @@ def test_reference_matches_the_token_by_token_llama_forward(tmp_path):
     write_tiny(tmp_path / "tiny.gguf", w)
     ids = [TOKENS.index("Ġthe"), 5, 70, 200, 9, 9, 31]
     stream, logits = ref.forward(ref.load(tmp_path / "tiny.gguf"), ids)
-    hidden, _, want = token_by_token(w, ids)
+    hidden, attn, want = token_by_token(w, ids)
+    record = {}
+    ref.forward(ref.load(tmp_path / "tiny.gguf"), ids, logits="none", record=record)
+    np.testing.assert_allclose(record["pattern"], attn, atol=1e-12)
+    # layer 0 without its MLP ends at layer 0's mid
+    no_mlp, _, _ = token_by_token(w, ids, mlp=False)
+    assert record["resid_mid"].shape == (2, len(ids), 32)
+    np.testing.assert_allclose(record["resid_mid"][0], no_mlp[1], rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(stream, hidden, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(logits, want, rtol=1e-10, atol=1e-10)
     _, last = ref.forward(ref.load(tmp_path / "tiny.gguf"), ids, logits="last")
