@@ -34,7 +34,7 @@ Gemma 3 (``gemma3``; `DecoderConfig` fields in brackets) differs from LLaMA in:
   x += RMSNorm(W_O attn(RMSNorm(x) g_attn)) g_post_attn, and likewise for the MLP with
   ``ffn_norm``, ``post_ffw_norm``; the gains are stored as used: Hugging Face's Gemma
   computes RMSNorm(x) (1 + w), and llama.cpp's converter writes 1 + w into the file (checked
-  in tests/test_gemma.py: read as w + 1 instead, the model's perplexity is in the millions);
+  in tests/test_gemma.py: read as stored + 1 instead, the perplexity exceeds 10^7);
 * QK-norm [qk_norm]: q and k RMS-normalised per head with gains ``attn_q_norm``,
   ``attn_k_norm`` (d_head,), shared by all heads, before RoPE;
 * RoPE on halves [rope_pairing = "halves"]: the converter leaves Gemma's W_Q, W_K rows in
@@ -46,7 +46,7 @@ Gemma 3 (``gemma3``; `DecoderConfig` fields in brackets) differs from LLaMA in:
 * GeGLU MLP [activation = "gelu_tanh"]: W_down (gelu_tanh(W_gate u) * (W_up u));
 * embeddings scaled by sqrt(d) [embedding_scale] entering layer 0 (`GGUFModel.embed`);
   the output map is the unscaled embeddings (tied);
-* scores q.k * attention_scale, 1 / sqrt(d_head) (Gemma 3's query_pre_attn_scalar = d_head).
+* nothing in the scores: q.k / sqrt(d_head) as in LLaMA (`DecoderConfig.scale`).
 
 Its tokenizer is SentencePiece (``tokenizer.ggml.model = "llama"``, `attnflow.pretrained.spm`).
 """
@@ -96,7 +96,7 @@ class DecoderConfig:
     before each sublayer) or "peri" (before and after); activation : the MLP's gate, "silu"
     (SwiGLU) or "gelu_tanh" (GeGLU); embedding_scale : factor on the embeddings entering
     layer 0; qk_norm : RMSNorm of q and k per head; rope_pairing : "adjacent" or "halves";
-    attention_scale : factor on q.k (None: 1 / sqrt(d_head)); layer_window, layer_rope_base :
+    layer_window, layer_rope_base :
     per layer, the sliding window (keys j with i - j < window; None: all the past) and RoPE's
     base (empty: no window, rope_base everywhere).
     """
@@ -122,7 +122,6 @@ class DecoderConfig:
     embedding_scale: float = 1.0
     qk_norm: bool = False
     rope_pairing: str = "adjacent"
-    attention_scale: float | None = None
     layer_window: tuple[int | None, ...] = ()
     layer_rope_base: tuple[float, ...] = ()
 
@@ -139,9 +138,9 @@ class DecoderConfig:
 
     @property
     def scale(self) -> float:
-        """The factor on q.k: attention_scale, else 1 / sqrt(d_head)."""
-        return 1.0 / np.sqrt(self.d_head) if self.attention_scale is None \
-            else self.attention_scale
+        """The factor on the scores q.k: 1 / sqrt(d_head) (both architectures; Gemma 3's
+        query_pre_attn_scalar is d_head)."""
+        return 1.0 / np.sqrt(self.d_head)
 
     def _check_layer(self, layer: int) -> int:
         if (isinstance(layer, bool) or not isinstance(layer, (int, np.integer))
@@ -531,18 +530,12 @@ class GGUFModel:
                              str(self.path))
 
     def token_ids(self, text: str) -> list[int]:
-        """The model's tokenisation of `text` (a BOS token first when the file asks for it);
-        a text of more tokens than the trained context (`DecoderConfig.context_length`) is
-        refused."""
+        """The model's tokenisation of `text` (a BOS token first when the file asks for it)."""
         if not isinstance(text, str) or not text:
             raise fail("text", "a non-empty string", repr(text))
         ids = list(self.tokenizer.encode(text).ids)
         if self.config.add_bos and self.config.bos_id is not None:
             ids.insert(0, self.config.bos_id)
-        context = self.config.context_length
-        if context is not None and len(ids) > context:
-            raise fail("text", f"a text of at most {context} tokens (the model's context)",
-                       f"{len(ids)} tokens")
         return ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
