@@ -24,7 +24,10 @@ _ANALYSIS = (
     "expected_renyi_centers_circle", "expected_strong_centers", "g", "h", "lemma51_bound",
     "log_energy", "predict_configuration", "remark_b2_conditions", "renyi_centers",
     "strong_renyi_centers", "tau_beta", "theorem52_conditions", "theorem52_max_N",
-    "theorem52_min_beta",
+    "theorem52_min_beta", "angular_distance", "attention_to_first", "battery",
+    "cluster_count_at", "cosine_to_first", "effective_rank", "massive_activation",
+    "mean_pairwise_cosine", "norm_spread", "renyi_center_count", "sink_rate",
+    "strong_renyi_center_count",
 )
 _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},

@@ -7,6 +7,9 @@
   of observed final configurations.
 * parking: expected numbers of (strong) Rényi centers, Rényi's parking constant.
 * theory: h, g, tau_beta and the conditions of Lemma 5.1, Theorem 5.2 and Remark B.2.
+* depth: the diagnostics battery through depth, for simulated and real tokens (cosines,
+  attention sink, effective rank, angular distance, clusters, Rényi centers, massive
+  activations, norm spread; `battery`).
 * energy: the interaction energy E_beta and its logarithm (docs/science.md §6).
 * family: closed forms of the model family (docs/science.md §6): the equiangular ODEs and
   exact equiangular starts, the noisy Kuramoto order parameter, the long-context self-weight
@@ -30,6 +33,21 @@ from attnflow.analysis.clusters import (
     clusters,
     default_cluster_tol,
     spanning_tree,
+)
+from attnflow.analysis.depth import (
+    SINK_EPS,
+    angular_distance,
+    attention_to_first,
+    battery,
+    cluster_count_at,
+    cosine_to_first,
+    effective_rank,
+    massive_activation,
+    mean_pairwise_cosine,
+    norm_spread,
+    renyi_center_count,
+    sink_rate,
+    strong_renyi_center_count,
 )
 from attnflow.analysis.energy import energy, log_energy
 from attnflow.analysis.family import (
@@ -73,15 +91,22 @@ __all__ = [
     "Lemma51Bound",
     "ObservedConfiguration",
     "RemarkB2Check",
+    "SINK_EPS",
     "Theorem52Check",
+    "angular_distance",
+    "attention_to_first",
+    "battery",
     "cap_mass",
     "classify_configuration",
     "cluster_count",
+    "cluster_count_at",
     "cluster_counts",
     "default_cluster_tol",
     "clusters",
     "consumed_fraction",
+    "cosine_to_first",
     "distance_to_subspace",
+    "effective_rank",
     "energy",
     "equiangular_rhs",
     "equiangular_start",
@@ -93,15 +118,21 @@ __all__ = [
     "kuramoto_order",
     "lemma51_bound",
     "log_energy",
+    "massive_activation",
+    "mean_pairwise_cosine",
     "noise_threshold",
+    "norm_spread",
     "output_correlation",
     "output_correlation_limit",
     "predict_configuration",
     "remark_b2_conditions",
+    "renyi_center_count",
     "renyi_centers",
     "renyi_parking_mean",
     "self_weight",
+    "sink_rate",
     "spanning_tree",
+    "strong_renyi_center_count",
     "strong_renyi_centers",
     "tau_beta",
     "theorem52_conditions",

@@ -1,10 +1,10 @@
-"""Read a LLaMA-architecture GGUF file (llama.cpp's format) offline, through the `gguf` package.
+"""Read a decoder's GGUF file (llama.cpp's format) offline, through the `gguf` package.
 
 A GGUF file is untrusted data: it is parsed by `gguf.GGUFReader` (the reference reader of the
 format) and its tensors are dequantised by `gguf.quants.dequantize`; a truncated or corrupted
 file, a missing or misshapen tensor, or non-finite weights give a ValueError naming the file.
-Only the LLaMA architecture (``general.architecture = "llama"``) is read; any other gives
-"not supported: ARCH".
+Two architectures (``general.architecture``) are read, LLaMA ("llama", e.g. SmolLM2) and
+Gemma 3 ("gemma3"); any other gives "not supported: ARCH" with the supported ones.
 
 Quantised weights (e.g. Q4_1: 4 bits per weight with a scale and offset per block of 32) are
 an approximation of the released model's float weights: `GGUFModel.note` says which types
@@ -27,6 +27,28 @@ head (row 2p <- p, row 2p+1 <- p + e/2 of the Hugging Face layout) so that rotar
 embeddings rotate adjacent pairs (x_{2p}, x_{2p+1}): `rope` is ``RoPE(base, "adjacent")``.
 The permutation is the same for W_Q and W_K, so W_Q^T W_K (and every score without positions)
 is unchanged by it.
+
+Gemma 3 (``gemma3``; `DecoderConfig` fields in brackets) differs from LLaMA in:
+
+* sandwich ("peri") norm [norm = "peri"]: RMSNorm before and after each sublayer,
+  x += RMSNorm(W_O attn(RMSNorm(x) g_attn)) g_post_attn, and likewise for the MLP with
+  ``ffn_norm``, ``post_ffw_norm``; the gains are stored as used: Hugging Face's Gemma
+  computes RMSNorm(x) (1 + w), and llama.cpp's converter writes 1 + w into the file (checked
+  in tests/test_gemma.py: read as stored + 1 instead, the perplexity exceeds 10^7);
+* QK-norm [qk_norm]: q and k RMS-normalised per head with gains ``attn_q_norm``,
+  ``attn_k_norm`` (d_head,), shared by all heads, before RoPE;
+* RoPE on halves [rope_pairing = "halves"]: the converter leaves Gemma's W_Q, W_K rows in
+  Hugging Face's order (llama.cpp's NEOX rope), pairs (x_p, x_{p + e/2});
+* local and global layers [layer_window, layer_rope_base]: layer L is local (keys j with
+  i - j < sliding_window, RoPE base ``rope.freq_base_swa``, 1e4 when absent) unless it is
+  global (every sliding_window_pattern-th layer, 6 when the file does not say: layers 5, 11,
+  17; RoPE base ``rope.freq_base``, 1e6);
+* GeGLU MLP [activation = "gelu_tanh"]: W_down (gelu_tanh(W_gate u) * (W_up u));
+* embeddings scaled by sqrt(d) [embedding_scale] entering layer 0 (`GGUFModel.embed`);
+  the output map is the unscaled embeddings (tied);
+* nothing in the scores: q.k / sqrt(d_head) as in LLaMA (`DecoderConfig.scale`).
+
+Its tokenizer is SentencePiece (``tokenizer.ggml.model = "llama"``, `attnflow.pretrained.spm`).
 """
 
 from __future__ import annotations
@@ -43,11 +65,16 @@ from attnflow._checks import describe, fail
 from attnflow.family.positional import RoPE
 from attnflow.pretrained.checkpoint import HF_INITIALIZER_RANGE, AttentionLayer
 
-__all__ = ["ARCHITECTURES", "GGUFModel", "LlamaBlock", "LlamaConfig", "check_ids"]
+__all__ = ["ARCHITECTURES", "DecoderBlock", "DecoderConfig", "GGUFModel", "LlamaBlock",
+           "LlamaConfig", "check_ids"]
 
-ARCHITECTURES = ("llama",)
+ARCHITECTURES = ("llama", "gemma3")
 _BLOCK_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
                   "ffn_gate", "ffn_up", "ffn_down")
+_GEMMA3_TENSORS = ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm")
+_TENSORS = {"llama": _BLOCK_TENSORS, "gemma3": _BLOCK_TENSORS + _GEMMA3_TENSORS}
+GEMMA3_PATTERN = 6  # llama.cpp's default for gemma3: every sixth layer global
+GEMMA3_LOCAL_BASE = 10000.0  # llama.cpp's default RoPE base of gemma3's local layers
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 # What the reader may raise on a malformed file (UnicodeDecodeError is a ValueError).
 _READ_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError,
@@ -55,15 +82,23 @@ _READ_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, OSEr
 
 
 @dataclass(frozen=True)
-class LlamaConfig:
-    """The architecture of a LLaMA GGUF file, from its metadata.
+class DecoderConfig:
+    """The architecture of a decoder's GGUF file, from its metadata (module docstring).
 
     d : width of the residual stream; n_layers; n_heads, n_kv_heads : query and key/value
     heads; d_head : head size e; d_ff : width of the MLP; vocab_size; rope_base : RoPE's base
-    (pairs rotate at base^(-2p/e)); rms_eps : RMSNorm's eps; tied_embeddings : output map =
-    embeddings; context_length : the trained context; tensor_types : GGML type name -> number
-    of tensors of that type; add_bos, bos_id : whether the tokenizer prepends a BOS token, and
-    which.
+    (pairs rotate at base^(-2p/e); Gemma 3: of its global layers); rms_eps : RMSNorm's eps;
+    tied_embeddings : output map = embeddings; context_length : the trained context;
+    tensor_types : GGML type name -> number of tensors of that type; add_bos, bos_id : whether
+    the tokenizer prepends a BOS token, and which.
+
+    The rest is LLaMA's by default. architecture : "llama" or "gemma3"; norm : "pre" (RMSNorm
+    before each sublayer) or "peri" (before and after); activation : the MLP's gate, "silu"
+    (SwiGLU) or "gelu_tanh" (GeGLU); embedding_scale : factor on the embeddings entering
+    layer 0; qk_norm : RMSNorm of q and k per head; rope_pairing : "adjacent" or "halves";
+    layer_window, layer_rope_base :
+    per layer, the sliding window (keys j with i - j < window; None: all the past) and RoPE's
+    base (empty: no window, rope_base everywhere).
     """
 
     name: str
@@ -81,6 +116,14 @@ class LlamaConfig:
     tensor_types: dict[str, int] = field(default_factory=dict)
     add_bos: bool = False
     bos_id: int | None = None
+    architecture: str = "llama"
+    norm: str = "pre"
+    activation: str = "silu"
+    embedding_scale: float = 1.0
+    qk_norm: bool = False
+    rope_pairing: str = "adjacent"
+    layer_window: tuple[int | None, ...] = ()
+    layer_rope_base: tuple[float, ...] = ()
 
     @property
     def kv_head(self) -> np.ndarray:
@@ -89,13 +132,46 @@ class LlamaConfig:
 
     @property
     def rope(self) -> RoPE:
-        """The rotary embedding of the file's W_Q, W_K rows (adjacent pairs, module docstring)."""
-        return RoPE(self.rope_base, pairing="adjacent")
+        """The rotary embedding of the file's W_Q, W_K rows at base `rope_base` (LLaMA:
+        adjacent pairs, module docstring; Gemma 3: halves, its global layers')."""
+        return RoPE(self.rope_base, pairing=self.rope_pairing)
+
+    @property
+    def scale(self) -> float:
+        """The factor on the scores q.k: 1 / sqrt(d_head) (both architectures; Gemma 3's
+        query_pre_attn_scalar is d_head)."""
+        return 1.0 / np.sqrt(self.d_head)
+
+    def _check_layer(self, layer: int) -> int:
+        if (isinstance(layer, bool) or not isinstance(layer, (int, np.integer))
+                or not 0 <= layer < self.n_layers):
+            raise fail("layer", f"an integer in [0, {self.n_layers})", repr(layer))
+        return int(layer)
+
+    def rope_at(self, layer: int) -> RoPE:
+        """The rotary embedding of layer `layer` (Gemma 3: base 1e4 local, 1e6 global)."""
+        layer = self._check_layer(layer)
+        base = self.layer_rope_base[layer] if self.layer_rope_base else self.rope_base
+        return RoPE(base, pairing=self.rope_pairing)
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of layer `layer`: query i sees keys j with i - j < window;
+        None: every key j <= i."""
+        layer = self._check_layer(layer)
+        return self.layer_window[layer] if self.layer_window else None
+
+
+LlamaConfig = DecoderConfig  # the name of the LLaMA-only reader, kept
 
 
 @dataclass(frozen=True)
-class LlamaBlock:
-    """The float32 weights of one layer, dequantised (shapes in the module docstring)."""
+class DecoderBlock:
+    """The float32 weights of one layer, dequantised (shapes in the module docstring).
+
+    Gemma 3 only (None for LLaMA): post_attn_norm, post_ffn_norm (d,) the gains of the RMSNorm
+    after each sublayer (``post_attention_norm``, ``post_ffw_norm``); q_norm, k_norm (d_head,)
+    the QK-norm gains (``attn_q_norm``, ``attn_k_norm``), one per coordinate of a head.
+    """
 
     index: int
     attn_norm: np.ndarray
@@ -107,10 +183,18 @@ class LlamaBlock:
     W_gate: np.ndarray
     W_up: np.ndarray
     W_down: np.ndarray
+    post_attn_norm: np.ndarray | None = None
+    post_ffn_norm: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+
+
+LlamaBlock = DecoderBlock  # the name of the LLaMA-only reader, kept
 
 
 class GGUFModel:
-    """A LLaMA GGUF file, read offline; weights dequantised lazily and kept (float32).
+    """A decoder's GGUF file (LLaMA or Gemma 3), read offline; weights dequantised lazily and
+    kept (float32).
 
     Parameters
     ----------
@@ -118,7 +202,7 @@ class GGUFModel:
 
     Attributes
     ----------
-    path, config (`LlamaConfig`); for `attnflow.pretrained.spectra` the `Checkpoint`
+    path, config (`DecoderConfig`); for `attnflow.pretrained.spectra` the `Checkpoint`
     attributes name, model_dir (= path), layout ("llama"), d, n_layers, n_heads, n_kv_heads,
     d_head, initializer_range (0.02: LLaMA's, GGUF does not record it).
     """
@@ -137,10 +221,11 @@ class GGUFModel:
         if arch not in ARCHITECTURES:
             raise fail("path", f"a GGUF file of a supported architecture {list(ARCHITECTURES)}",
                        f"not supported: {arch} ({p.name})")
+        self._arch = arch
         self._tensors = {t.name: t for t in self._reader.tensors}
         self.config = self._config()
         self._check_tensors()
-        self._blocks: dict[int, LlamaBlock] = {}
+        self._blocks: dict[int, DecoderBlock] = {}
 
     def __repr__(self) -> str:
         c = self.config
@@ -185,8 +270,8 @@ class GGUFModel:
                        repr(value)[:80])
         return items if isinstance(value, list) else items[0]
 
-    def _config(self) -> LlamaConfig:
-        a = "llama."
+    def _config(self) -> DecoderConfig:
+        a = self._arch + "."
         d = self._positive(a + "embedding_length")
         heads = self._positive(a + "attention.head_count")
         kv_heads = self._positive(a + "attention.head_count_kv", heads)
@@ -194,6 +279,11 @@ class GGUFModel:
             raise fail("path", f"head_count a multiple of head_count_kv in {str(self.path)!r}",
                        f"{heads} and {kv_heads}")
         d_head = self._positive(a + "attention.key_length", d // heads)
+        d_value = self._positive(a + "attention.value_length", d_head)
+        if d_value != d_head:
+            raise fail("path", "keys and values of the same head size",
+                       f"not supported: key_length {d_head}, value_length {d_value} "
+                       f"({self.path.name})")
         rope_dim = self._positive(a + "rope.dimension_count", d_head)
         scaling = self._meta(a + "rope.scaling.type", str, "none")
         if rope_dim != d_head or scaling != "none" or d_head % 2:
@@ -218,16 +308,42 @@ class GGUFModel:
             types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
         bos = self._meta("tokenizer.ggml.bos_token_id", int, -1)
         context = self._meta(a + "context_length", int, -1)
-        return LlamaConfig(
+        layers = self._positive(a + "block_count")
+        extra = self._gemma3(a, layers, d, float(base)) if self._arch == "gemma3" else {}
+        return DecoderConfig(
             name=self._meta("general.name", str, self.path.stem),
-            d=d, n_layers=self._positive(a + "block_count"), n_heads=heads, n_kv_heads=kv_heads,
+            d=d, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
             d_head=d_head, d_ff=self._positive(a + "feed_forward_length"), vocab_size=vocab,
             rope_base=float(base), rms_eps=float(eps),
             tied_embeddings="output.weight" not in self._tensors,
             context_length=context if context > 0 else None,
             tensor_types=types,
             add_bos=bool(self._meta("tokenizer.ggml.add_bos_token", bool, False)),
-            bos_id=bos if bos >= 0 else None)
+            bos_id=bos if bos >= 0 else None, architecture=self._arch, **extra)
+
+    def _gemma3(self, a: str, n_layers: int, d: int, base: float) -> dict[str, Any]:
+        """The DecoderConfig fields in which Gemma 3 differs from LLaMA (module docstring)."""
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if key in self._reader.fields or a + key in self._reader.fields:
+                raise fail("path", "a Gemma 3 file without logit soft-capping",
+                           f"not supported: {a + key} ({self.path.name})")
+        window = self._positive(a + "attention.sliding_window")
+        local = self._meta(a + "rope.freq_base_swa", float, GEMMA3_LOCAL_BASE)
+        if not (np.isfinite(local) and local > 0):
+            raise fail("path", f"rope.freq_base_swa > 0 in {str(self.path)!r}", repr(local))
+        pattern = self._reader.fields.get(a + "attention.sliding_window_pattern")
+        if pattern is not None and pattern.types[0] == _gguf().GGUFValueType.ARRAY:
+            sliding = self._meta(a + "attention.sliding_window_pattern", bool)
+            if len(sliding) != n_layers:
+                raise fail("path", f"sliding_window_pattern of {n_layers} layers in "
+                           f"{str(self.path)!r}", f"{len(sliding)} entries")
+        else:
+            period = self._positive(a + "attention.sliding_window_pattern", GEMMA3_PATTERN)
+            sliding = [(layer + 1) % period != 0 for layer in range(n_layers)]
+        return {"norm": "peri", "activation": "gelu_tanh", "embedding_scale": float(np.sqrt(d)),
+                "qk_norm": True, "rope_pairing": "halves",
+                "layer_window": tuple(window if s else None for s in sliding),
+                "layer_rope_base": tuple(float(local) if s else base for s in sliding)}
 
     def _positive(self, key: str, default: int | None = None) -> int:
         value = self._meta(key, int, default)
@@ -242,12 +358,14 @@ class GGUFModel:
         per_block = {"attn_norm": (c.d,), "attn_q": (q, c.d), "attn_k": (kv, c.d),
                      "attn_v": (kv, c.d), "attn_output": (c.d, q), "ffn_norm": (c.d,),
                      "ffn_gate": (c.d_ff, c.d), "ffn_up": (c.d_ff, c.d),
-                     "ffn_down": (c.d, c.d_ff)}
+                     "ffn_down": (c.d, c.d_ff), "attn_q_norm": (c.d_head,),
+                     "attn_k_norm": (c.d_head,), "post_attention_norm": (c.d,),
+                     "post_ffw_norm": (c.d,)}
         shapes = {"token_embd.weight": (c.vocab_size, c.d), "output_norm.weight": (c.d,)}
         if not c.tied_embeddings:
             shapes["output.weight"] = (c.vocab_size, c.d)
         for layer in range(c.n_layers):
-            for name in _BLOCK_TENSORS:
+            for name in _TENSORS[self._arch]:
                 shapes[f"blk.{layer}.{name}.weight"] = per_block[name]
         return shapes
 
@@ -255,11 +373,11 @@ class GGUFModel:
         expected = self._expected_shapes()
         missing = sorted(set(expected) - set(self._tensors))
         if missing:
-            raise fail("path", f"a LLaMA GGUF file with tensors {missing[:5]}",
+            raise fail("path", f"a {self._arch} GGUF file with tensors {missing[:5]}",
                        f"{len(missing)} missing in {str(self.path)!r}")
         extra = sorted(set(self._tensors) - set(expected))
         if extra:
-            raise fail("path", "only the tensors of the plain LLaMA layout",
+            raise fail("path", f"only the tensors of the plain {self._arch} layout",
                        f"not supported: {extra[:5]} ({self.path.name})")
         for name, shape in expected.items():
             found = tuple(int(s) for s in reversed(self._tensors[name].shape))
@@ -330,24 +448,26 @@ class GGUFModel:
                 f"(tensor types: {types}); they approximate the released model's float "
                 "weights, so numbers differ slightly from the original model's.")
 
-    def block(self, layer: int) -> LlamaBlock:
+    def block(self, layer: int) -> DecoderBlock:
         """The float32 weights of layer `layer` (0-based), dequantised once and kept."""
-        if (isinstance(layer, bool) or not isinstance(layer, (int, np.integer))
-                or not 0 <= layer < self.n_layers):
-            raise fail("layer", f"an integer in [0, {self.n_layers})", repr(layer))
-        layer = int(layer)
+        layer = self.config._check_layer(layer)
         if layer not in self._blocks:
-            w = {name: self.tensor(f"blk.{layer}.{name}.weight") for name in _BLOCK_TENSORS}
-            self._blocks[layer] = LlamaBlock(
+            w = {name: self.tensor(f"blk.{layer}.{name}.weight")
+                 for name in _TENSORS[self._arch]}
+            self._blocks[layer] = DecoderBlock(
                 index=layer, attn_norm=w["attn_norm"], W_Q=w["attn_q"], W_K=w["attn_k"],
                 W_V=w["attn_v"], W_O=w["attn_output"], ffn_norm=w["ffn_norm"],
-                W_gate=w["ffn_gate"], W_up=w["ffn_up"], W_down=w["ffn_down"])
+                W_gate=w["ffn_gate"], W_up=w["ffn_up"], W_down=w["ffn_down"],
+                post_attn_norm=w.get("post_attention_norm"),
+                post_ffn_norm=w.get("post_ffw_norm"),
+                q_norm=w.get("attn_q_norm"), k_norm=w.get("attn_k_norm"))
         return self._blocks[layer]
 
     def layer(self, layer: int) -> AttentionLayer:
         """The per-head attention weights of layer `layer` as an `AttentionLayer` (float64;
         W_Q, W_K rows in the file's adjacent-pair order; W_K, W_V of each query head are its
-        key/value head's; norm gains "attn_norm", "ffn_norm")."""
+        key/value head's; norm gains "attn_norm", "ffn_norm", and for Gemma 3 also
+        "post_attention_norm", "post_ffw_norm" (d,), "attn_q_norm", "attn_k_norm" (d_head,))."""
         b = self.block(layer)
         c = self.config
         H, Hkv, e, d = c.n_heads, c.n_kv_heads, c.d_head, c.d
@@ -360,8 +480,10 @@ class GGUFModel:
             W_V=b.W_V.astype(as64).reshape(Hkv, e, d)[kv],
             W_O=b.W_O.astype(as64).reshape(d, H, e).transpose(1, 0, 2),
             kv_head=kv,
-            norm_gains={"attn_norm": b.attn_norm.astype(as64),
-                        "ffn_norm": b.ffn_norm.astype(as64)})
+            norm_gains={name: g.astype(as64) for name, g in (
+                ("attn_norm", b.attn_norm), ("ffn_norm", b.ffn_norm),
+                ("post_attention_norm", b.post_attn_norm), ("post_ffw_norm", b.post_ffn_norm),
+                ("attn_q_norm", b.q_norm), ("attn_k_norm", b.k_norm)) if g is not None})
 
     @cached_property
     def embeddings(self) -> np.ndarray:
@@ -379,19 +501,29 @@ class GGUFModel:
         return self.tensor("output_norm.weight")
 
     def embed(self, token_ids: Sequence[int]) -> np.ndarray:
-        """The residual stream entering layer 0, (n, d) float64: the word embeddings (positions
-        are rotary, inside attention)."""
+        """The residual stream entering layer 0, (n, d) float64: the word embeddings times
+        `DecoderConfig.embedding_scale` (Gemma 3: sqrt(d); positions are rotary, inside
+        attention)."""
         ids = check_ids(token_ids, self.config.vocab_size)
-        return self.embeddings[ids].astype(np.float64)
+        x = self.embeddings[ids].astype(np.float64)
+        scale = self.config.embedding_scale
+        return x if scale == 1.0 else x * scale
 
     # ------------------------------------------------------------------ tokenizer
     @cached_property
     def tokenizer(self) -> Any:
-        """The file's own byte-level BPE tokenizer (`attnflow.pretrained.tokenizer`)."""
+        """The file's own tokenizer: byte-level BPE (`attnflow.pretrained.tokenizer`) or
+        SentencePiece (`attnflow.pretrained.spm`, ``tokenizer.ggml.model = "llama"``)."""
         from attnflow.pretrained.tokenizer import bpe_tokenizer
 
         tokens = self._meta("tokenizer.ggml.tokens", str)
         types = self._meta("tokenizer.ggml.token_type", int, [1] * len(tokens))
+        if self._meta("tokenizer.ggml.model", str) == "llama":
+            from attnflow.pretrained.spm import SentencePiece
+
+            return SentencePiece(tokens, self._meta("tokenizer.ggml.scores", float), types,
+                                 self._meta("tokenizer.ggml.add_space_prefix", bool, True),
+                                 str(self.path))
         return bpe_tokenizer(tokens, self._meta("tokenizer.ggml.merges", str, []), types,
                              self._meta("tokenizer.ggml.model", str),
                              self._meta("tokenizer.ggml.pre", str, "default"),
@@ -420,6 +552,12 @@ def check_ids(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
     if ids.min() < 0 or ids.max() >= vocab_size:
         raise fail("token_ids", f"ids in [0, {vocab_size})", f"ids in [{ids.min()}, {ids.max()}]")
     return ids
+
+
+def _gguf() -> Any:
+    import gguf
+
+    return gguf
 
 
 def _field_value(entry: Any) -> Any:

@@ -1,0 +1,152 @@
+"""Traces of a forward pass in TransformerLens's hook names, as an xarray Dataset in Zarr.
+
+A trace holds, for layers l = 0 .. L-1 of a model run on n tokens (TransformerLens's names
+and dimension names; no batch axis):
+
+    blocks.{l}.hook_resid_pre    (pos, d_model)  the residual stream entering layer l
+    blocks.{l}.hook_resid_mid    (pos, d_model)  after the attention sublayer (optional)
+    blocks.{l}.hook_resid_post   (pos, d_model)  after the whole layer
+    blocks.{l}.attn.hook_pattern (head_index, query_pos, key_pos)  attention weights
+                                                 (optional; rows are queries)
+    tokens                       (pos,)          the token ids
+
+with coordinates pos, d_model, head_index, query_pos, key_pos (0-based integers), the token
+strings in the attribute ``str_tokens`` (a JSON list; Zarr 3 has no stable string type), and
+the caller's description (model, text, notes) in ``attnflow_trace`` (JSON). Values keep their
+dtype, so `load_trace(save_trace(ds, path))` is bit-identical to ds. `stacked` gives back the
+(L, ...) arrays that the `attnflow.analysis.depth` battery reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnflow._checks import describe, fail, finite_array
+from attnflow._files import atomic_path, consolidating
+
+__all__ = ["HOOKS", "hook_name", "load_trace", "save_trace", "stacked", "trace_dataset"]
+
+HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_pattern")
+_DIMS = {"hook_resid_pre": ("pos", "d_model"), "hook_resid_mid": ("pos", "d_model"),
+         "hook_resid_post": ("pos", "d_model"),
+         "attn.hook_pattern": ("head_index", "query_pos", "key_pos")}
+_FORMAT = 1
+
+
+def hook_name(layer: int, hook: str) -> str:
+    """TransformerLens's name of `hook` (one of HOOKS) at layer `layer`, e.g.
+    ``blocks.3.attn.hook_pattern``."""
+    if hook not in HOOKS:
+        raise fail("hook", f"one of {HOOKS}", repr(hook))
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or layer < 0:
+        raise fail("layer", "an integer >= 0", repr(layer))
+    return f"blocks.{int(layer)}.{hook}"
+
+
+def _floats(name: str, a: Any, shape: tuple[int | None, ...]) -> np.ndarray:
+    """A finite float32 or float64 array of the given shape (None: any length)."""
+    arr = finite_array(name, a)
+    if arr.dtype not in (np.float32, np.float64):
+        arr = arr.astype(np.float64)
+    if arr.ndim != len(shape) or any(s is not None and s != t for s, t in zip(shape, arr.shape)):
+        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        raise fail(name, f"a float array of shape {want}", describe(arr))
+    return arr
+
+
+def trace_dataset(resid_pre: Any, resid_post: Any, token_ids: Sequence[int], *,
+                  resid_mid: Any = None, pattern: Any = None,
+                  str_tokens: Sequence[str] | None = None,
+                  attrs: dict[str, Any] | None = None) -> Any:
+    """The trace (module docstring) of one forward pass as an `xarray.Dataset`.
+
+    resid_pre, resid_post : (L, n, d); resid_mid : (L, n, d) or None; pattern : (L, H, n, n)
+    or None; token_ids : (n,) ints; str_tokens : n strings or None; attrs : JSON-serialisable
+    description (model name, text, notes), stored in ``attnflow_trace``.
+    """
+    import xarray as xr
+
+    pre = _floats("resid_pre", resid_pre, (None, None, None))
+    if pre.shape[0] < 1 or pre.shape[1] < 1:
+        raise fail("resid_pre", "at least one layer and one token", describe(pre))
+    L, n, d = pre.shape
+    arrays = {"hook_resid_pre": pre,
+              "hook_resid_post": _floats("resid_post", resid_post, (L, n, d))}
+    if resid_mid is not None:
+        arrays["hook_resid_mid"] = _floats("resid_mid", resid_mid, (L, n, d))
+    if pattern is not None:
+        arrays["attn.hook_pattern"] = _floats("pattern", pattern, (L, None, n, n))
+    ids = np.asarray(token_ids)
+    if ids.shape != (n,) or not np.issubdtype(ids.dtype, np.integer):
+        raise fail("token_ids", f"{n} integer token ids (one per position)", describe(ids))
+    meta = {"format": _FORMAT, **(attrs or {})}
+    try:
+        described = json.dumps(meta)
+    except TypeError as err:
+        raise fail("attrs", "a JSON-serialisable dict", f"{err}") from None
+    out_attrs = {"attnflow_trace": described}
+    if str_tokens is not None:
+        words = list(str_tokens)
+        if len(words) != n or not all(isinstance(w, str) for w in words):
+            raise fail("str_tokens", f"{n} strings (one per position)", repr(words)[:80])
+        out_attrs["str_tokens"] = json.dumps(words)
+    data = {"tokens": (("pos",), ids.astype(np.int64))}
+    for hook in HOOKS:
+        if hook in arrays:
+            for layer in range(L):
+                data[hook_name(layer, hook)] = (_DIMS[hook], arrays[hook][layer])
+    coords = {"pos": np.arange(n), "d_model": np.arange(d)}
+    if pattern is not None:
+        H = arrays["attn.hook_pattern"].shape[1]
+        coords.update(head_index=np.arange(H), query_pos=np.arange(n), key_pos=np.arange(n))
+    return xr.Dataset(data, coords=coords, attrs=out_attrs)
+
+
+def save_trace(ds: Any, path: str | os.PathLike) -> Path:
+    """Write a trace to a ``.zarr`` directory atomically (`attnflow._files.atomic_path`)."""
+    path = Path(path)
+    if path.suffix != ".zarr":
+        raise fail("path", "a name ending in .zarr", str(path))
+    if "attnflow_trace" not in getattr(ds, "attrs", {}):
+        raise fail("ds", "a trace made by trace_dataset", type(ds).__name__)
+    with atomic_path(path) as tmp, consolidating():
+        ds.to_zarr(tmp, mode="w", consolidated=True)
+    return path
+
+
+def load_trace(path: str | os.PathLike) -> Any:
+    """Read a trace written by `save_trace`, into memory. A missing path raises
+    FileNotFoundError; anything that is not a trace, a ValueError naming the file."""
+    import xarray as xr
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"path: no trace at {path}")
+    try:
+        with xr.open_zarr(path, consolidated=False) as ds:
+            ds = ds.load()
+    except Exception as err:  # any reader failure: not a readable Zarr store
+        raise fail("path", "a trace written by save_trace (a Zarr store)",
+                   f"{path}, which cannot be read ({type(err).__name__})") from None
+    if "attnflow_trace" not in ds.attrs or "tokens" not in ds:
+        raise fail("path", "a trace written by save_trace", f"{path}, another dataset")
+    return ds
+
+
+def stacked(ds: Any, hook: str) -> np.ndarray:
+    """The (L, ...) array of `hook` (one of HOOKS) over the layers of a trace, e.g.
+    ``stacked(ds, "hook_resid_post")`` (L, n, d) for `attnflow.analysis.battery`."""
+    if hook not in HOOKS:
+        raise fail("hook", f"one of {HOOKS}", repr(hook))
+    layers = []
+    while hook_name(len(layers), hook) in ds:
+        layers.append(ds[hook_name(len(layers), hook)].values)
+    if not layers:
+        raise fail("hook", f"a hook recorded in this trace ({hook!r} is not)", repr(hook))
+    return np.stack(layers)
