@@ -7,6 +7,12 @@ Layer L of a LLaMA-architecture decoder (SmolLM2; `attnflow.pretrained.gguf`) is
                RoPE on adjacent pairs, in the pre-LN scheme with RMSNorm(g_attn, eps);
     MLP:       SwiGLU (W_gate, W_up, W_down), pre-LN with RMSNorm(g_ffn, eps);
 
+and of Gemma 3 the block with, in addition, the sandwich (peri) scheme around each sublayer
+(RMSNorm(g_post_attn) / RMSNorm(g_post_ffn) on its output), QK-norm with the file's gains,
+RoPE on halves with the layer's base (1e4 local, 1e6 global), a causal sliding window of 512
+tokens on the local layers, and a GeGLU (tanh-GELU) MLP; its embeddings enter scaled by
+sqrt(d) (`GGUFModel.embed`).
+
 in sequential form, so that Euler with dt = 1 is exactly the network's forward pass
 (`attnflow.pretrained.forward`) and finer steps of the continuous form give its ODE. Query
 heads that share a key/value head (grouped-query attention) share the K and V arrays, which
@@ -23,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow.family import MLP, Attention, Pre, RMSNorm, RoPE, Stack
+from attnflow.family import MLP, Attention, Peri, Pre, QKNorm, RMSNorm, RoPE, Stack
 from attnflow.pretrained.gguf import GGUFModel
 
 __all__ = ["decoder_stack", "idealised_stack"]
@@ -47,23 +53,34 @@ def decoder_stack(model: GGUFModel, mlp: bool = True, offset: float = 0.0,
     c = model.config
     dt = _dtype(dtype)
     H, Hkv, e, d = c.n_heads, c.n_kv_heads, c.d_head, c.d
-    rope = RoPE(c.rope_base, pairing="adjacent", offset=float(offset))
+    activation = {"silu": "swiglu", "gelu_tanh": "geglu"}[c.activation]
     layers = []
     for index in range(c.n_layers):
         b = model.block(index)
+
+        def rms(gain: np.ndarray) -> RMSNorm:
+            return RMSNorm(gain.astype(dt), c.rms_eps)
+
+        def scheme(before: np.ndarray, after: np.ndarray | None) -> Pre:
+            return Peri(rms(before), rms(after)) if c.norm == "peri" else Pre(rms(before))
+
         Ks = [k.copy() for k in b.W_K.astype(dt).reshape(Hkv, e, d)]
         Vs = [v.copy() for v in b.W_V.astype(dt).reshape(Hkv, e, d)]
         Qs = b.W_Q.astype(dt).reshape(H, e, d)
         Os = b.W_O.astype(dt).reshape(d, H, e)
         heads = [(Qs[h].copy(), Ks[kv], Vs[kv], Os[:, h].copy())
                  for h, kv in enumerate(c.kv_head)]
-        ffn = MLP(b.W_up.astype(dt), b.W_down.astype(dt), b.W_gate.astype(dt), "swiglu") \
+        ffn = MLP(b.W_up.astype(dt), b.W_down.astype(dt), b.W_gate.astype(dt), activation) \
             if mlp else None
+        rope = c.rope_at(index)
+        window = c.window(index)
+        qk = QKNorm(b.q_norm.astype(dt), b.k_norm.astype(dt), c.rms_eps) if c.qk_norm else None
         layers.append(Attention(
-            heads=heads, beta=1.0 / np.sqrt(e), mask="causal", backend=backend,
-            norm=Pre(RMSNorm(b.attn_norm.astype(dt), c.rms_eps)), rope=rope, mlp=ffn,
-            mlp_norm=Pre(RMSNorm(b.ffn_norm.astype(dt), c.rms_eps)) if mlp else None,
-            form=form))
+            heads=heads, beta=c.scale, backend=backend,
+            mask="causal" if window is None else ("window", window),
+            norm=scheme(b.attn_norm, b.post_attn_norm), qk_norm=qk,
+            rope=RoPE(rope.base, rope.pairing, float(offset)), mlp=ffn,
+            mlp_norm=scheme(b.ffn_norm, b.post_ffn_norm) if mlp else None, form=form))
     return Stack(layers)
 
 
@@ -79,9 +96,13 @@ def idealised_stack(model: GGUFModel, backend: str = "auto") -> Stack:
 
     with RoPE on adjacent pairs; heads sharing a key/value head share one K array. One Euler
     step of size 1 per layer is then `decoder_stack(model, mlp=False)`'s when eps = 0
-    (relative difference about eps / mean(x^2) otherwise).
+    (relative difference about eps / mean(x^2) otherwise). LLaMA-architecture models only
+    (Gemma 3's sandwich norms and QK-norm have no such folding).
     """
     c = model.config
+    if c.architecture != "llama":
+        raise fail("model", "a LLaMA-architecture decoder for the idealised stack (its "
+                   "pre-LN gains fold into the weights)", repr(c.architecture))
     scale = np.sqrt(c.d)
     layers = []
     for index in range(c.n_layers):

@@ -66,6 +66,9 @@ def forward(model: GGUFModel, token_ids: Sequence[int], attention: bool = False,
     """
     c = model.config
     ids = check_ids(token_ids, c.vocab_size)
+    if c.context_length is not None and ids.size > c.context_length:
+        raise fail("token_ids", f"at most {c.context_length} token ids (the model's context)",
+                   f"{ids.size} ids")
     if logits not in LOGITS:
         raise fail("logits", f"one of {LOGITS}", repr(logits))
     if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
@@ -73,7 +76,9 @@ def forward(model: GGUFModel, token_ids: Sequence[int], attention: bool = False,
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise fail("dtype", "float32 or float64", repr(dtype))
     stack = decoder_stack(model, mlp=mlp, offset=offset, dtype=dtype)
-    x0 = model.embeddings[ids].astype(dtype, copy=False)
+    x0 = model.embeddings[ids].astype(dtype)  # times sqrt(d) for Gemma 3 (`GGUFModel.embed`)
+    if c.embedding_scale != 1.0:
+        x0 = x0 * np.dtype(dtype).type(c.embedding_scale)
     L = c.n_layers
     traj = simulate(stack, x0, t_end=L, save_at=np.arange(L + 1.0), method="euler", dt=1.0)
     hidden = traj.states
@@ -84,7 +89,7 @@ def forward(model: GGUFModel, token_ids: Sequence[int], attention: bool = False,
     out = None
     if logits != "none":
         last = hidden[-1] if logits == "all" else hidden[-1][-1:]
-        final = RMSNorm(model.output_norm.astype(dtype, copy=False), c.rms_eps)
+        final = RMSNorm(model.output_norm.astype(dtype, copy=False), c.rms_eps)  # as stored
         out = final(last) @ model.output_map.T.astype(dtype, copy=False)
     return ForwardPass(token_ids=ids, positions=np.arange(offset, offset + ids.size,
                                                           dtype=np.float64),
