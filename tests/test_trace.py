@@ -151,3 +151,41 @@ def test_battery_on_a_trajectory_and_on_its_saved_trace(tmp_path):
     b = battery(states, stacked(back, "attn.hook_pattern"), tol=0.05, delta=0.3)
     for key in a:
         np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_trace_of_a_decoder_against_the_reference_forward(tmp_path):
+    """`trace` on a tiny LLaMA GGUF file: TransformerLens names and shapes, the stream between
+    the sublayers and the patterns from the independent reference forward, the CLI's store
+    bit-identical to the Python one, and the bad inputs."""
+    pytest.importorskip("gguf")
+    import reference_forward as ref
+    from test_gguf import hf_weights, write_tiny
+    from typer.testing import CliRunner
+
+    from attnflow.cli import app
+    from attnflow.pretrained.trace import load_trace, stacked, trace
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny(path, hf_weights())
+    ids = [3, 5, 70, 200, 9, 9]
+    ds = trace(path, token_ids=ids)
+    assert "blocks.1.hook_resid_post" in ds and "blocks.2.hook_resid_post" not in ds  # 2 layers
+    assert ds["blocks.1.attn.hook_pattern"].dims == ("head_index", "query_pos", "key_pos")
+    record: dict = {}
+    hidden, _ = ref.forward(ref.load(path), ids, logits="none", record=record)
+    np.testing.assert_allclose(stacked(ds, "hook_resid_pre"), hidden[:-1], rtol=1e-10)
+    np.testing.assert_allclose(stacked(ds, "hook_resid_post"), hidden[1:], rtol=1e-10)
+    np.testing.assert_allclose(stacked(ds, "hook_resid_mid"), record["resid_mid"], rtol=1e-10)
+    np.testing.assert_allclose(stacked(ds, "attn.hook_pattern"), record["pattern"], atol=1e-12)
+    out = tmp_path / "cli.zarr"
+    run = CliRunner().invoke(app, ["trace", str(path), "--token-ids", ",".join(map(str, ids)),
+                                   "--out", str(out)])
+    assert run.exit_code == 0, run.output
+    assert load_trace(out).identical(ds)
+    for args, pattern in ((["--text", "a", "--token-ids", "1"], "exactly one of them"),
+                          (["--token-ids", "1,x"], "--token-ids: expected comma-separated"),
+                          (["--token-ids", "99999"], "token"),):
+        bad = CliRunner().invoke(app, ["trace", str(path), *args, "--out", str(out)])
+        assert bad.exit_code == 2 and pattern in bad.output, bad.output
+    bad = CliRunner().invoke(app, ["trace", str(tmp_path / "none.gguf"), "--token-ids", "1"])
+    assert bad.exit_code == 2 and "model: expected an existing .gguf file" in bad.output

@@ -106,5 +106,6 @@ from attnflow.cli import reproduce as _reproduce  # noqa: E402,F401
 from attnflow.cli import simulate as _simulate  # noqa: E402,F401  (registers `simulate`)
 from attnflow.cli import spectra as _spectra  # noqa: E402,F401  (registers `spectra`)
 from attnflow.cli import sweep as _sweep  # noqa: E402,F401  (registers `sweep`)
+from attnflow.cli import trace as _trace  # noqa: E402,F401  (registers `trace`)
 
 __all__ = ["app"]

@@ -8,9 +8,10 @@ form: attention, then the MLP on the updated stream):
     x = x + W_down (silu(W_gate u) * (W_up u)),  u = RMSNorm(x) * g_ffn
 
 with q, k, v read from RMSNorm(x) * g_attn, and finally logits = W_out (RMSNorm(x) * g_out).
-There is no second attention implementation: `forward` integrates the Stack with
-`attnflow.simulate`. Weights are the file's, dequantised (`GGUFModel.note`); arithmetic is in
-`dtype`.
+There is no second attention implementation: `forward` takes the Euler steps of the Stack's
+blocks (`attnflow.integrate.euler_step` on each sublayer's drift, as `attnflow.simulate` does
+with method "euler", dt = 1), recording the stream between the sublayers for traces.
+Weights are the file's, dequantised (`GGUFModel.note`); arithmetic is in `dtype`.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import numpy as np
 
 from attnflow._checks import fail
 from attnflow.family import RMSNorm
+from attnflow.integrate import euler_step
 from attnflow.pretrained.build import decoder_stack, idealised_stack
 from attnflow.pretrained.gguf import GGUFModel, check_ids
-from attnflow.simulate import simulate
 
 __all__ = ["ForwardPass", "attention_stack", "forward", "log_likelihoods", "perplexity"]
 
@@ -39,6 +40,8 @@ class ForwardPass:
     token_ids : (n,) the input. positions : (n,) the positions RoPE used.
     hidden : (n_layers + 1, n, d) the residual stream: entering layer 0 (the embeddings),
         then after each layer (before the final RMSNorm).
+    mid : (n_layers, n, d) the residual stream after each layer's attention sublayer (before
+        its MLP), or None (mlp=False: the same as hidden[1:]).
     attention : (n_layers, n_heads, n, n) attention weights (rows sum to 1, zero above the
         diagonal), or None when not requested.
     logits : (n, vocab) for logits="all", (1, vocab) (the last token's) for "last", else None.
@@ -49,6 +52,7 @@ class ForwardPass:
     hidden: np.ndarray
     attention: np.ndarray | None
     logits: np.ndarray | None
+    mid: np.ndarray | None = None
 
 
 def forward(model: GGUFModel, token_ids: Sequence[int], attention: bool = False,
@@ -76,24 +80,35 @@ def forward(model: GGUFModel, token_ids: Sequence[int], attention: bool = False,
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise fail("dtype", "float32 or float64", repr(dtype))
     stack = decoder_stack(model, mlp=mlp, offset=offset, dtype=dtype)
-    x0 = model.embeddings[ids].astype(dtype)  # times sqrt(d) for Gemma 3 (`GGUFModel.embed`)
+    x = model.embeddings[ids].astype(dtype)  # times sqrt(d) for Gemma 3 (`GGUFModel.embed`)
     if c.embedding_scale != 1.0:
-        x0 = x0 * np.dtype(dtype).type(c.embedding_scale)
+        x = x * np.dtype(dtype).type(c.embedding_scale)
     L = c.n_layers
-    traj = simulate(stack, x0, t_end=L, save_at=np.arange(L + 1.0), method="euler", dt=1.0)
-    hidden = traj.states
+    hidden = np.empty((L + 1, *x.shape), dtype=x.dtype)
+    hidden[0] = x
+    mid = np.empty((L, *x.shape), dtype=x.dtype) if mlp else None
     weights = None
-    if attention:
-        weights = np.stack([block.attention_patterns(hidden[layer])
-                            for layer, block in enumerate(stack.layers)])
+    for layer, block in enumerate(stack.layers):
+        # Euler with dt = 1 on the block in sequential form: its sublayers in turn
+        kernel = block.kernel_for(x)
+        if attention:
+            patterns = block.attention_patterns(x)
+            weights = np.empty((L, *patterns.shape), patterns.dtype) if weights is None \
+                else weights
+            weights[layer] = patterns
+        for i, (_, drift) in enumerate(block.sublayers(kernel)):
+            x = euler_step(drift, x, 1.0, block.manifold)
+            if i == 0 and mid is not None:
+                mid[layer] = x
+        hidden[layer + 1] = x
     out = None
     if logits != "none":
-        last = hidden[-1] if logits == "all" else hidden[-1][-1:]
+        last = x if logits == "all" else x[-1:]
         final = RMSNorm(model.output_norm.astype(dtype, copy=False), c.rms_eps)  # as stored
         out = final(last) @ model.output_map.T.astype(dtype, copy=False)
     return ForwardPass(token_ids=ids, positions=np.arange(offset, offset + ids.size,
                                                           dtype=np.float64),
-                       hidden=hidden, attention=weights, logits=out)
+                       hidden=hidden, attention=weights, logits=out, mid=mid)
 
 
 def log_likelihoods(logits: np.ndarray, token_ids: Sequence[int]) -> np.ndarray:

@@ -30,7 +30,8 @@ import numpy as np
 from attnflow._checks import describe, fail, finite_array
 from attnflow._files import atomic_path, consolidating
 
-__all__ = ["HOOKS", "hook_name", "load_trace", "save_trace", "stacked", "trace_dataset"]
+__all__ = ["HOOKS", "hook_name", "load_trace", "save_trace", "stacked", "trace",
+           "trace_dataset"]
 
 HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_pattern")
 _DIMS = {"hook_resid_pre": ("pos", "d_model"), "hook_resid_mid": ("pos", "d_model"),
@@ -150,3 +151,31 @@ def stacked(ds: Any, hook: str) -> np.ndarray:
     if not layers:
         raise fail("hook", f"a hook recorded in this trace ({hook!r} is not)", repr(hook))
     return np.stack(layers)
+
+
+def trace(model: Any, text: str | None = None, token_ids: Sequence[int] | None = None,
+          attention: bool = True, dtype: Any = np.float64) -> Any:
+    """The trace of one forward pass of a decoder (Euler dt = 1 on its Stack,
+    `attnflow.pretrained.forward`): residual streams before, between and after each layer's
+    sublayers, and (with `attention`) every head's attention pattern.
+
+    model : a `GGUFModel`, a .gguf path, or an installed weight package's name
+        (`attnflow.pretrained.models.MODELS`: "smollm2", "gemma3-270m").
+    text, token_ids : exactly one of them: the text (tokenised by the model's own tokenizer,
+        BOS first where the model asks for it) or the token ids.
+    """
+    from attnflow.pretrained.forward import forward
+    from attnflow.pretrained.gguf import GGUFModel
+    from attnflow.pretrained.models import resolve
+
+    if (text is None) == (token_ids is None):
+        raise fail("text, token_ids", "exactly one of them", "both" if text else "neither")
+    m = model if isinstance(model, GGUFModel) else GGUFModel(resolve(model))
+    ids = m.token_ids(text) if text is not None else list(token_ids)
+    run = forward(m, ids, attention=attention, logits="none", dtype=dtype)
+    words = [m.decode([int(i)]) for i in run.token_ids]
+    return trace_dataset(run.hidden[:-1], run.hidden[1:], run.token_ids, resid_mid=run.mid,
+                         pattern=run.attention, str_tokens=words,
+                         attrs={"model": m.name, "path": str(m.path), "text": text,
+                                "note": m.note, "forward": "Euler dt = 1 on the family Stack"})
+
