@@ -5,8 +5,8 @@
 Reads OUT/<recipe>/result.json in both folders and compares every number under "numbers"
 (nested dicts and lists walked leaf by leaf): "identical" when bit for bit equal, "close"
 when within rtol (relative, or absolute below 1e-300), otherwise "DIFFERENT" with the largest
-deviation. Verdict wording and times are not compared (a redesign keeps the numbers; the
-ledger may change the criteria). Exit status 1 if any number differs beyond rtol or a recipe
+deviation. Verdict wording and times (any number under a key "timings", "wall_time" or
+"*_s") are not compared (a redesign keeps the numbers; the ledger may change the criteria). Exit status 1 if any number differs beyond rtol or a recipe
 is missing on one side.
 """
 
@@ -33,6 +33,12 @@ def leaves(value: Any, path: str = "") -> dict[str, Any]:
             out.update(leaves(v, f"{path}[{i}]"))
         return out
     return {path: value}
+
+
+def timing(path: str) -> bool:
+    """True for a leaf that is a time measurement (wall-clock, not a result)."""
+    parts = path.replace("[", ".").split(".")
+    return any(p in ("timings", "wall_time") or p.endswith("_s") for p in parts)
 
 
 def deviation(a: Any, b: Any) -> float:
@@ -62,7 +68,8 @@ def main() -> int:
             print(f"{name:16s} MISSING in {[str(f) for f in files if not f.exists()]}")
             bad += 1
             continue
-        a, b = (leaves(json.loads(f.read_text())["numbers"]) for f in files)
+        a, b = ({k: v for k, v in leaves(json.loads(f.read_text())["numbers"]).items()
+                 if not timing(k)} for f in files)
         keys = sorted(set(a) | set(b))
         devs = {k: deviation(a.get(k), b.get(k)) for k in keys}
         worst = max(devs, key=devs.get) if devs else None
