@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from attnflow.experiments import RECIPES
+from attnflow.experiments._ledger import entry
 from attnflow.reproduce import reproduce
 
 VERDICTS = ("reproduced", "partly", "not reproduced")
@@ -95,9 +96,11 @@ def test_scaling_counts_and_slopes(tmp_path):
     # the simulated cluster counts grow like beta^((d-1)/2)
     slope = fit["clusters"]["slope"]
     assert abs(slope - 0.5) < SLOPE_TOL_TINY
-    # the claim applies its stated criterion (slope_tol) to that slope
-    tol = RECIPES["scaling"].QUICK["slope_tol"]
-    assert (res["claims"][0]["verdict"] == "reproduced") == (abs(slope - 0.5) <= tol)
+    # the claim applies the ledger's criterion to that slope
+    (crit,) = entry("scaling.slope_d2").reproduced
+    assert crit.measure == "slope_off" and crit.op == "<="
+    assert (res["claims"][0]["verdict"] == "reproduced") == (abs(slope - 0.5) <= crit.threshold)
+    assert res["claims"][0]["id"] == "scaling.slope_d2"
     for row in res["numbers"]["per_beta"]:
         clusters = row["clusters_at_times"]
         assert 1 <= clusters[-1] <= clusters[0] <= 100  # tokens gather into clusters
