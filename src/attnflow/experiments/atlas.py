@@ -55,10 +55,14 @@ OBSERVED = ("first-token", "point-in-L", "two-points", "cloud-L", "two-clouds", 
             "other")
 
 PAPER_T_END = 5000.0  # the paper's horizon T
+# Long horizons (the final configurations; the conjecture says beta does not matter): the
+# same settings at beta = `long_beta` to `long_t_end`, saved at `long_saves` log-spaced times;
+# at the full size only (None: not run).
 QUICK: dict[str, Any] = {"n": 32, "beta": 9.0, "t_end": 500.0, "seeds": 10,
                          "bases": ["orthonormal", "general"], "qk": ["identity", "random"],
-                         "max_cond": 4.0, "tol": 1e-2, "rtol": 1e-6, "n_saves": 300}
-FULL: dict[str, Any] = {**QUICK, "t_end": 5000.0, "seeds": 20}
+                         "max_cond": 4.0, "tol": 1e-2, "rtol": 1e-6, "n_saves": 300,
+                         "long_beta": 1.0, "long_t_end": None, "long_saves": 60}
+FULL: dict[str, Any] = {**QUICK, "t_end": 5000.0, "seeds": 20, "long_t_end": 1e4}
 FULL_MINUTES = 8
 
 # The criteria (the share of runs as predicted; the gap between kinds of Q, K) are the
@@ -81,14 +85,17 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
                                      np.linspace(early, t_end, params["n_saves"])]))
     i_half = int(np.searchsorted(save, t_end / 2))
 
-    records, shown = [], {}
-    for s, (row, basis, qk) in enumerate(settings):
+    def model_of(row: str, basis: str, qk: str, beta: float) -> tuple[Attention, np.ndarray]:
         V = _value_matrix(row, bases[row, basis])
         Q = K = None
-        if qk == "random":
+        if qk == "random":  # the same draw at every beta
             rng = np.random.default_rng(qk_streams[row, basis, qk])
             Q, K = rng.standard_normal((2, d, d)) / np.sqrt(d)
-        model = Attention(Q, K, V, beta=beta)
+        return Attention(Q, K, V, beta=beta), V
+
+    records, shown = [], {}
+    for s, (row, basis, qk) in enumerate(settings):
+        model, V = model_of(row, basis, qk, beta)
         traj = simulate(model, x0, t_end, save_at=save, method="dopri5", rtol=params["rtol"],
                         atol=params["rtol"] * 1e-3)
         records.append(_observe(row, basis, qk, V, model, traj, x0, i_half, params["tol"]))
@@ -102,10 +109,15 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
     claims = [_row_claim(row, [r for r in records if r["row"] == row], params)
               for row in SPECTRA]
     claims.append(_qk_claim(records, params))
+    long = ([_long_run(*model_of(row, basis, qk, params["long_beta"]), row, basis, qk, x0,
+                       params) for row, basis, qk in settings if row != COMPLEX_ROW]
+            if params["long_t_end"] else [])
+    claims.append(_long_claim(long, params))
     stable = np.mean([o == h for r in records for o, h in zip(r["observed"], r["observed_half"])])
     complex_records = [r for r in records if r["row"] == COMPLEX_ROW]
     numbers = {"settings": records, "spectra": SPECTRA, "complex_top": COMPLEX,
-               "observed_same_at_half_time": float(stable), "save_times": save}
+               "observed_same_at_half_time": float(stable), "save_times": save,
+               "long_horizon": long}
     notes = [
         f"d = 3, n = {n}, beta = {beta:g}, t_end = {t_end:g}, {seeds} seeds per setting, dopri5 "
         f"(rtol {params['rtol']:g}); eigenbases: {', '.join(params['bases'])} (the general one "
@@ -261,6 +273,45 @@ def _qk_claim(records: list[dict[str, Any]], params: dict[str, Any]) -> Claim:
         values={"largest_gap": max(gaps.values()), "smallest_gap": min(gaps.values())},
         note="" if not differ else f"Q, K matter in rows {', '.join(differ)}: with random "
         "Q, K the tokens end elsewhere")
+
+
+def _long_run(model: Attention, V: np.ndarray, row: str, basis: str, qk: str, x0: np.ndarray,
+              params: dict[str, Any]) -> dict[str, Any]:
+    """One setting at the long horizon: the configuration of each run at t_end and the time
+    from which it stays the predicted one (inf: not as predicted at t_end)."""
+    t_end = float(params["long_t_end"])
+    save = np.concatenate([[0.0], np.geomspace(1.0, t_end, params["long_saves"])])
+    traj = simulate(model, x0, t_end, save_at=save, method="dopri5", rtol=params["rtol"],
+                    atol=params["rtol"] * 1e-3)
+    pred = predict_configuration(V).row
+    seen = np.array([[classify_configuration(traj.states[i, r], V, x0[r, 0],
+                                             tol=params["tol"]).row == pred
+                      for r in range(len(x0))] for i in range(len(save))])  # (T, runs)
+    # the first save from which every later one is as predicted
+    stays = np.logical_and.accumulate(seen[::-1], axis=0)[::-1]
+    reach = [float(save[np.argmax(stays[:, r])]) if stays[-1, r] else float("inf")
+             for r in range(len(x0))]
+    return {"row": row, "basis": basis, "qk": qk, "predicted": pred,
+            "as_predicted": [bool(v) for v in seen[-1]], "time_to_reach": reach,
+            "n_steps": traj.integrator["n_steps"]}
+
+
+def _long_claim(long: list[dict[str, Any]], params: dict[str, Any]) -> Claim:
+    if not long:
+        return not_run("atlas.long", "the long horizon runs at the full size only "
+                       "(long_t_end = None)", beta=f"{params['long_beta']:g}", t_end="-")
+    share = {row: float(np.mean([v for r in long if r["row"] == row for v in r["as_predicted"]]))
+             for row in SPECTRA}
+    reach = {row: [t for r in long if r["row"] == row for t in r["time_to_reach"]]
+             for row in SPECTRA}
+    return claim(
+        "atlas.long",
+        measured="; ".join(f"{row}: {share[row]:.0%} as predicted at t = "
+                           f"{params['long_t_end']:g}, reached by t = "
+                           f"{np.median(reach[row]):.3g} (median)" for row in SPECTRA)
+        + f" (beta = {params['long_beta']:g}, {len(long)} settings of {params['seeds']} runs)",
+        values={"smallest_share": min(share.values())},
+        beta=f"{params['long_beta']:g}", t_end=f"{params['long_t_end']:g}")
 
 
 def _rate(records: list[dict[str, Any]], qk: str) -> float:
