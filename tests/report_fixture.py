@@ -25,7 +25,10 @@ def _png(path: Path, k: int) -> None:
 
 def _claims(verdicts: list[str]) -> list[dict[str, str]]:
     return [{"claim": f"claim {i} | with a bar", "paper": "the paper says <b>so</b>",
-             "measured": f"measured {i}", "verdict": v, "why": "because" if i % 2 else ""}
+             "measured": f"measured {i}", "verdict": v,
+             "why": f"reproduced if x{i} >= 1; measured x{i} = 0.5" + ("; because" if i % 2
+                                                                      else ""),
+             "id": f"r.c{i}", "criterion": f"reproduced if x{i} >= 1"}
             for i, v in enumerate(verdicts)]
 
 

@@ -261,7 +261,7 @@ def test_extreme_but_valid_settings_stay_finite(beta, method):
     np.testing.assert_allclose(np.linalg.norm(traj.states, axis=-1), 1.0, atol=1e-8)
 
 
-@pytest.mark.parametrize("method", ["bdf", "radau"])
+@pytest.mark.parametrize("method", ["bdf", "radau", "lsoda"])
 def test_implicit_blow_up_is_a_non_finite_state_error(method):
     huge = af.Attention(V=np.diag([1e308, 1e308]), beta=1.0)
     with pytest.raises(af.NonFiniteStateError, match=r"non-finite at t = "), \

@@ -108,6 +108,9 @@ def test_verdicts_are_text_badges_without_emoji(report):
         assert f"<span class='badge {slug}'>{verdict}</span>" in html
         assert f".badge.{slug}" in html  # styled in the inlined stylesheet
     assert "| fig2 | claim 1 \\| with a bar |" in md  # table cells escaped in Markdown
+    # the criterion in its own column; the verdict's why keeps the measured numbers
+    assert "| reproduced if x1 >= 1 | partly: measured x1 = 0.5; because |" in md
+    assert "<td data-label='criterion'>reproduced if x1 &gt;= 1</td>" in html
     assert "&lt;b&gt;so&lt;/b&gt;" in html  # and in HTML
 
 

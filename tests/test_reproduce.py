@@ -67,8 +67,8 @@ def test_report_has_claims_table_and_embedded_figures(tmp_path, monkeypatch):
     reproduce(["fake"], out=tmp_path)
     md, html = write_report(load_results(tmp_path), tmp_path)
     text = md.read_text()
-    assert "| recipe | claim | paper | measured | verdict |" in text
-    assert "| fake | c | paper says | we saw | reproduced |" in text
+    assert "| recipe | claim | paper | measured | criterion | verdict |" in text
+    assert "| fake | c | paper says | we saw | - | reproduced |" in text  # no ledger entry
     assert "data:image/png;base64," in html.read_text()
 
 

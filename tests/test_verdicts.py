@@ -28,7 +28,7 @@ def test_parking_printed_formula_verdict_follows_the_measured_ratio():
     assert expected_strong_centers(n, delta, 3) >= parking._NEAR_LIMIT * corrected
     # counts as the printed formula predicts: reproduced
     agree = parking._printed_claim([_s2_row(delta, n, 0.995 * printed, 0.01)])
-    assert agree.verdict == REPRODUCED and "met" in agree.why
+    assert agree.verdict == REPRODUCED and "within the allowed" in agree.why
     # counts at the corrected value, about 3 x printed: not reproduced, with the numbers
     typo = parking._printed_claim([_s2_row(delta, n, corrected, 0.01)])
     assert typo.verdict == NOT_REPRODUCED
@@ -128,7 +128,8 @@ def test_atlas_row_verdict_counts_only_runs_as_predicted(counts, want):
     claim = atlas._row_claim("point-in-L", [_atlas_record("identity", *counts)], params)
     assert claim.verdict == want
     assert f"{counts[0]}/20 runs as predicted" in claim.measured
-    assert f"{counts[0] / 20:.0%} are" in claim.why
+    assert f"as_predicted = {counts[0] / 20:.4g}" in claim.why
+    assert claim.criterion in claim.why and claim.id == "atlas.point_in_L"
 
 
 @pytest.mark.parametrize(("random_as_predicted", "want"), [(16, REPRODUCED), (10, PARTLY)])

@@ -90,6 +90,7 @@ def _one_run(field, jacobian, x, times, method, first_step, rtol, atol, work, wh
     solver = solver_class(fun, t0, x.ravel(), t_end, rtol=rtol, atol=atol,
                           jac=None if jacobian is None else jac, first_step=first_step)
     nxt = 1
+    stalled, t_last = 0, t0  # steps in a row that did not advance t
     while nxt < len(times):
         try:
             message = solver.step()
@@ -101,6 +102,14 @@ def _one_run(field, jacobian, x, times, method, first_step, rtol, atol, work, wh
         if solver.status == "failed":
             raise FloatingPointError(f"{method}: the solver stopped at t = {solver.t:.6g} in "
                                      f"{where}: {message}")
+        # A field too large for the solver's arithmetic (a diverging state) makes LSODA retry
+        # the same step forever without failing: 100 steps in a row that leave t where it was
+        # (a successful step always advances it) stop the run as a non-finite state.
+        stalled = stalled + 1 if solver.t <= t_last else 0
+        t_last = max(t_last, float(solver.t))
+        if stalled >= 100 or not np.isfinite(solver.y).all():
+            raise NonFiniteStateError(float(solver.t), [
+                tuple(int(i) for i in np.unravel_index(r, lead))])
         work["n_steps"] += 1
         done = nxt + int(np.searchsorted(times[nxt:], solver.t, side="right"))
         if done > nxt:

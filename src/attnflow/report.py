@@ -35,10 +35,18 @@ _MIME = {".png": "image/png", ".gif": "image/gif", ".jpg": "image/jpeg", ".svg":
 
 
 def claims_table(results: list[dict[str, Any]]) -> list[list[str]]:
-    """Rows (recipe, claim, paper, measured, verdict and why) over all results."""
-    return [[res["name"], c["claim"], c["paper"], c["measured"],
-             c["verdict"] + (f": {c['why']}" if c.get("why") else "")]
+    """Rows (recipe, claim, paper, measured, criterion, verdict and why) over all results;
+    the criterion is the ledger's (claims.toml), and the "why" after the verdict gives the
+    measured numbers (results written before the ledger have no criterion: "-")."""
+    return [[res["name"], c["claim"], c["paper"], c["measured"], c.get("criterion") or "-",
+             c["verdict"] + (f": {_reason(c)}" if _reason(c) else "")]
             for res in results for c in res["claims"]]
+
+
+def _reason(c: dict[str, Any]) -> str:
+    """The claim's "why" without the criterion it starts with (shown in its own column)."""
+    why, criterion = c.get("why", ""), c.get("criterion", "")
+    return why[len(criterion):].lstrip("; ") if criterion and why.startswith(criterion) else why
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -121,8 +129,8 @@ def _markdown(results: list[dict[str, Any]]) -> str:
         lines.append(f"| {suite} | {row['recipes']} | {row['claims']} | "
                      + " | ".join(str(row[v]) for v in VERDICTS)
                      + f" | {_duration(row['seconds'])} |")
-    lines += ["", "## Claims", "", "| recipe | claim | paper | measured | verdict |",
-              "|---|---|---|---|---|"]
+    lines += ["", "## Claims", "", "| recipe | claim | paper | measured | criterion | verdict |",
+              "|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in claims_table(results)]
     for res in results:
         refs = references_of(res["name"])
@@ -196,19 +204,20 @@ def _html(results: list[dict[str, Any]], out: Path) -> str:
     # Claims
     p.append("<section id='claims'><h2>Claims</h2><div class='scroll'><table class='claims'>"
              "<thead><tr><th>recipe</th><th>claim</th><th>paper</th><th>measured</th>"
-             "<th>verdict</th><th>figures</th></tr></thead><tbody>")
+             "<th>criterion</th><th>verdict</th><th>figures</th></tr></thead><tbody>")
     for res in results:
         name = res["name"]
         figs = " ".join(f"<a href='#{_figure_id(name, i)}'>Fig. {i + 1}</a>"
                         for i in range(len(res["figures"])))
         for c in res["claims"]:
-            why = f"<span class='why'>{esc(c['why'])}</span>" if c.get("why") else ""
+            why = f"<span class='why'>{esc(_reason(c))}</span>" if _reason(c) else ""
             p.append(f"<tr data-verdict='{esc(c['verdict'])}' "
                      f"data-suite='{esc(res.get('suite', DEFAULT_SUITE))}'>"
                      f"<td data-label='recipe'><a href='#recipe-{_slug(name)}'>{esc(name)}</a>"
                      f"</td><td data-label='claim'>{esc(c['claim'])}</td>"
                      f"<td data-label='paper'>{esc(c['paper'])}</td>"
                      f"<td data-label='measured'>{esc(c['measured'])}</td>"
+                     f"<td data-label='criterion'>{esc(c.get('criterion') or '-')}</td>"
                      f"<td data-label='verdict'>{_badge(c['verdict'])}{why}</td>"
                      f"<td data-label='figures'>{figs or '&ndash;'}</td></tr>")
     p.append("</tbody></table></div></section>")

@@ -1,7 +1,8 @@
 """Run the reproduction recipes and keep their results: one folder per recipe, reused on rerun.
 
 Each recipe writes into ``OUT/<name>/``: its PNG figures and ``result.json`` (numbers, claims,
-exact parameters, seed, version, and its suite: "paper" or "followups"). The folder is built
+exact parameters, seed, version, wall and CPU time of this process, when it finished, and its
+suite: "paper" or "followups"). The folder is built
 under a temporary name and renamed into place when complete, so an interrupted run leaves no
 half-written recipe. A rerun with the same OUT reuses every finished recipe whose size,
 parameters and seed match, unless forced.
@@ -98,11 +99,14 @@ def _run_one(name, recipe, params, size, seed, target: Path, report: Progress) -
 
     with atomic_path(target) as tmp:
         tmp.mkdir()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         output = recipe.run(params, seed, tmp, report)
         result = {"name": name, "title": recipe.TITLE, **_suite(name), "size": size,
                   "seed": seed, "params": to_jsonable(params), **provenance(), "machine": machine(),
-                  "wall_time": time.perf_counter() - start, **output.to_dict()}
+                  "wall_time": time.perf_counter() - start,
+                  "cpu_time": time.process_time() - cpu,
+                  "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                  **output.to_dict()}
         (tmp / "result.json").write_text(json.dumps(result, indent=1))
     return result
 

@@ -26,7 +26,12 @@ def reproduce(
     force: bool = typer.Option(False, help="Rerun recipes whose results already exist."),
     model: Path = typer.Option(None, help="Checkpoint folder for the `spectra` recipe "
                                "(default: the MiniLM weights if installed)."),
-    list_: bool = typer.Option(False, "--list", help="List the recipes and exit."),
+    list_: bool = typer.Option(False, "--list", help="List the recipes and their claims "
+                               "(the ledger's criteria) and exit."),
+    summary: Path = typer.Option(None, "--summary", help="Write the results page from the "
+                                 "result files under DIR (DIR/quick/<recipe>/result.json, "
+                                 "DIR/long/..., DIR/full/...) to --out when it ends in .md "
+                                 "(e.g. -o docs/results.md), else print it; then exit."),
     set_: list[str] = typer.Option(None, "--set", help="Override one parameter of one recipe, "
                                    "RECIPE.KEY=VALUE with VALUE in JSON (e.g. --set fig2.n=40 "
                                    "--set 'fig2.snapshots=[0,10]'); repeatable."),
@@ -42,12 +47,29 @@ def reproduce(
     from attnflow.reproduce import reproduce as run
 
     console = Console()
+    if summary is not None:
+        from attnflow._files import write_text
+        from attnflow.results_page import results_page
+
+        page = results_page(summary)
+        if out.suffix == ".md":
+            write_text(out, page)
+            console.print(f"Results page: {out}")
+        else:
+            typer.echo(page, nl=False)
+        return
     chosen = recipe_names(names, suite)
     if list_:
+        from attnflow.experiments._ledger import entries
+
         for name in chosen:
             recipe = RECIPES[name]
             console.print(f"[bold]{name:16}[/bold] {SUITE_OF[name]:10} {recipe.TITLE}  "
-                          f"(full size: about {recipe.FULL_MINUTES} min on 2 cores)")
+                          f"(full size: about {recipe.FULL_MINUTES} min on 2 cores)",
+                          highlight=False)
+            for e in (e for e in entries().values() if e.recipe == name):
+                console.print(f"  {e.id}: {e.statement}\n      {e.criterion()}",
+                              highlight=False, markup=False)
         return
     size = "full" if full else "quick"
     if full:
@@ -73,9 +95,9 @@ def reproduce(
             progress=progress, on_start=on_start, suite=suite)
     results = load_results(out)
     md, html = write_report(results, out)
-    table = Table("recipe", "claim", "measured", "verdict", show_lines=False)
+    table = Table("recipe", "claim", "measured", "criterion", "verdict", show_lines=False)
     for row in claims_table([r for r in results if r["name"] in chosen]):
-        table.add_row(row[0], row[1], row[3], row[4])
+        table.add_row(row[0], row[1], row[3], row[4], row[5])
     console.print(table)
     console.print(f"Report: {md} and {html}")
 

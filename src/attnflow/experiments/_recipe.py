@@ -6,6 +6,9 @@ A recipe is a module of `attnflow.experiments` with
 * ``FULL_MINUTES``: the expected duration of the full size on 2 cores, printed before it runs;
 * ``run(params, seed, out, progress) -> Output``: the work; figures go into the folder `out`,
   `progress(fraction)` is called with the fraction done in [0, 1].
+
+Its claims come from the ledger (`attnflow.experiments._ledger`, claims.toml): the recipe
+measures, the ledger's criteria decide.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ Progress = Callable[[float], None]
 
 REPRODUCED, PARTLY, NOT_REPRODUCED = "reproduced", "partly", "not reproduced"
 NOT_RUN = "not run"  # the recipe lacked an input (e.g. no checkpoint available offline)
+Z95 = 1.959963984540054  # the two-sided 95 % point of the standard normal
 
 
 @dataclass
@@ -33,7 +37,9 @@ class Claim:
     paper: str  # what the paper says (as restated in docs/science.md)
     measured: str  # what we measured, with uncertainty
     verdict: str  # REPRODUCED, PARTLY, NOT_REPRODUCED or NOT_RUN
-    why: str = ""  # the reason behind the verdict
+    why: str = ""  # the reason behind the verdict: the criterion and the measured numbers
+    id: str = ""  # the claim's entry in the ledger (claims.toml), "recipe.key"
+    criterion: str = ""  # the ledger's criterion in words
 
 
 @dataclass
@@ -57,16 +63,21 @@ def save_figure(fig: Any, out: Path, name: str) -> str:
     return name
 
 
-def verdict(ok: bool, partly: bool = False) -> str:
-    """REPRODUCED when ok, else PARTLY when partly, else NOT_REPRODUCED."""
-    return REPRODUCED if ok else (PARTLY if partly else NOT_REPRODUCED)
-
-
 def mean_se(values: Any) -> tuple[float, float]:
     """Mean and standard error of the mean of a sample."""
     v = np.asarray(values, dtype=float).ravel()
     se = float(v.std(ddof=1) / np.sqrt(v.size)) if v.size > 1 else float("nan")
     return float(v.mean()), se
+
+
+def wilson(k: int, n: int, z: float) -> tuple[float, float]:
+    """Wilson score interval (lo, hi) for a proportion k / n at z standard errors."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return float(centre - half), float(centre + half)
 
 
 def to_jsonable(obj: Any) -> Any:

@@ -35,14 +35,8 @@ from attnflow.analysis import (
     theorem52_max_N,
     theorem52_min_beta,
 )
-from attnflow.experiments._recipe import (
-    NOT_RUN,
-    Claim,
-    Output,
-    Progress,
-    save_figure,
-    verdict,
-)
+from attnflow.experiments._ledger import claim, not_run
+from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import pairwise_geodesic, uniform
@@ -58,14 +52,8 @@ FULL_MINUTES = 20
 
 # What the paper prints for eps = 0.1, c = 6.5 (Remark B.2, rounded): beta >= 14, N <= 700.
 PRINTED_BETA, PRINTED_N = 14.0, 700.0
-# The printed numbers count as the Remark's when within this relative distance of its
-# closed form (they are rounded to about two significant figures).
-PRINTED_ROUNDING = 0.05
-# "Much weaker": at the printed beta, (i)-(ii) allow at least this many times the Remark's N.
-MUCH_WEAKER = 2.0
-# A capture claim is "partly" when the worst run has at least this fraction of its tokens
-# within eps beta^-1/2 of a center at t_end ("reproduced": all of them).
-PARTLY_CAPTURED = 0.9
+# The criteria (rounding of the printed numbers, "much weaker", the share captured) are the
+# ledger's: claims.toml, frozen.*.
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
@@ -169,24 +157,16 @@ def _when(rows: list[dict[str, Any]], t_end: float) -> str:
     return f"every run has all its tokens inside by t = {times.max():.3g}"
 
 
-_CAPTURE_CRITERION = (f"criterion: every token of every run within eps beta^-1/2 at t_end "
-                      f"(partly: the worst run >= {PARTLY_CAPTURED:.0%})")
-
-
 def _within_claim(form: str, rows: list[dict[str, Any]], params: dict[str, Any]) -> Claim:
     worst = min(r["final_fraction_min"] for r in rows)
     far = max(r["final_max_dist_over_radius"] for r in rows)
     beta = rows[0]["beta"]
-    which = "Remark B.2's closed form" if form == "remark" else "the exact conditions (i)-(ii)"
     remark = remark_b2_conditions(beta, params["c"], params["eps"], 0.0)
-    return Claim(
-        claim=f"Frozen centers capture every token within eps beta^-1/2 (Theorem 5.2; "
-        f"threshold from {which})",
-        paper=f"eps = {params['eps']:g}, c = {params['c']:g}: "
-        + (f"beta >= {remark.beta_min:.3f}, N < {remark.N_max:.1f} (the paper prints beta >= "
-           f"{PRINTED_BETA:g}, N <= {PRINTED_N:g} for eps = 0.1, c = 6.5)" if form == "remark"
-           else "conditions (i)-(ii) at beta and N") + ": every token converges to within "
-        "eps beta^-1/2 of some center (a.s.; no rate)",
+    paper = (f"beta >= {remark.beta_min:.3f}, N < {remark.N_max:.1f} (the paper prints beta >= "
+             f"{PRINTED_BETA:g}, N <= {PRINTED_N:g} for eps = 0.1, c = 6.5)" if form == "remark"
+             else "conditions (i)-(ii) at beta and N")
+    return claim(
+        f"frozen.within_{form}",
         measured=f"beta = {beta:.4g}, m = {rows[0]['m']} centers, N up to the bound "
         f"{rows[0]['bound']:.1f}: " + "; ".join(
             f"N = {r['N']:.0f} ({r['n']} moving, a_i = {r['weight']:.0f}): "
@@ -194,39 +174,31 @@ def _within_claim(form: str, rows: list[dict[str, Any]], params: dict[str, Any])
             for r in rows)
         + f" of tokens within at t = {params['t_end']:g} ({params['runs']} runs each); "
         + _when(rows, params["t_end"]),
-        verdict=verdict(worst == 1.0, partly=worst >= PARTLY_CAPTURED),
-        why=f"{_CAPTURE_CRITERION}; " + ("every token of every run ends within eps beta^-1/2 of a "
-        f"center (the farthest at {far:.1e} of that radius)" if worst == 1.0 else "some tokens "
-        f"are still outside at t = {params['t_end']:g} (worst run {worst:.3f}): light centers "
-        "pull meta-stable clusters of moving tokens slowly, and the theorem gives no rate"),
-    )
+        values={"worst_captured": worst},
+        note=f"the farthest token ends at {far:.1e} of the radius eps beta^-1/2" if worst == 1
+        else f"some tokens are still outside at t = {params['t_end']:g}: light centers pull "
+        "meta-stable clusters of moving tokens slowly, and the theorem gives no rate",
+        eps=f"{params['eps']:g}", c=f"{params['c']:g}", thresholds=paper)
 
 
 def _past_claim(results: list[dict[str, Any]], params: dict[str, Any]) -> Claim:
     rows = [r for r in results if r["f"] > 1]
     if not rows:
-        return Claim(claim="Past the bound", paper="no guarantee", measured="not run",
-                     verdict=NOT_RUN, why="no N past the bound at these parameters")
+        return not_run("frozen.past", "no N past the bound at these parameters")
     worst = min(r["final_fraction_min"] for r in rows)
     remark_only = [r for r in rows if r["form"] == "remark" and r["exact_holds"]]
-    return Claim(
-        claim="Conditions (i)-(ii) are much weaker than Remark B.2, and both only sufficient",
-        paper="docs/science.md §2: at beta = 14 the exact conditions allow about 5 times "
-        "Remark B.2's N; past the bound the theorem says nothing",
+    return claim(
+        "frozen.past",
         measured="past the bound: " + "; ".join(
             f"{r['form']} beta = {r['beta']:.4g}, N = {r['N']:.0f} ({r['f']:g} x, "
             f"{'exact holds' if r['exact_holds'] else 'neither holds'}; {r['n']} moving, "
             f"a_i = {r['weight']:.0f}): {r['final_fraction_mean']:.4f} (worst "
             f"{r['final_fraction_min']:.4f})" for r in rows) + "; " + _when(rows, params["t_end"]),
-        verdict=verdict(worst == 1.0 and bool(remark_only), partly=worst >= PARTLY_CAPTURED),
-        why=f"{_CAPTURE_CRITERION}, and a run past the Remark's bound where (i)-(ii) still hold "
-        f"({len(remark_only)} settings); " + (
-            "every token still ends at a center, also where neither condition holds: the "
-            "bounds are conservative (tokens converge well inside the radius; far centers "
-            "pull with h(distance), which is tiny)" + _weights_caveat(rows) if worst == 1.0
-            else f"past the bound some tokens end away from the centers (worst run "
-            f"{worst:.3f})"),
-    )
+        values={"worst_captured": worst, "remark_only_settings": len(remark_only)},
+        note="every token still ends at a center, also where neither condition holds: the "
+        "bounds are conservative (tokens converge well inside the radius; far centers pull "
+        "with h(distance), which is tiny)" + _weights_caveat(rows) if worst == 1 else
+        "past the bound some tokens end away from the centers")
 
 
 def _weights_caveat(rows: list[dict[str, Any]]) -> str:
@@ -244,9 +216,9 @@ def _numbers_claim(c: float, eps: float,
     """The paper's printed thresholds against Remark B.2's closed form, and the exact
     conditions (i)-(ii) (evaluated from h and g) against the Remark, at (c, eps).
 
-    Criteria: (a) the printed beta and N are within PRINTED_ROUNDING of the Remark's
-    beta_min and N_max; (b) the exact conditions hold at the printed (beta, N) and at that beta
-    allow at least MUCH_WEAKER times the Remark's N_max. Both: reproduced; one: partly.
+    Criteria (the ledger's frozen.printed): the printed beta and N against the Remark's
+    beta_min and N_max; the exact conditions at the printed (beta, N) and the N they allow there
+    against the Remark's N_max.
     """
     beta_p, N_p = printed
     remark = remark_b2_conditions(beta_p, c, eps, N_p)
@@ -255,21 +227,14 @@ def _numbers_claim(c: float, eps: float,
     n_exact = theorem52_max_N(beta_p, c, eps)
     beta_exact = theorem52_min_beta(c, eps, N_p)
     ratio = n_exact / remark.N_max
-    rounded, weaker = off <= PRINTED_ROUNDING, exact.holds and ratio >= MUCH_WEAKER
-    return Claim(
-        claim=f"The printed thresholds at eps = {eps:g}, c = {c:g} are Remark B.2's, and the "
-        "exact conditions (i)-(ii) are much weaker",
-        paper=f"beta >= {beta_p:g}, N <= {N_p:g} (Remark B.2, rounded); docs/science.md §2: "
-        "(i)-(ii) themselves are much weaker",
+    return claim(
+        "frozen.printed",
         measured=f"Remark B.2: beta >= {remark.beta_min:.4f}, N < {remark.N_max:.2f} (printed "
         f"values {off:.1%} off); exact (i)-(ii) at beta = {beta_p:g}, N = {N_p:g}: "
         f"{'hold' if exact.holds else 'fail'}; N = {N_p:g} needs beta >= {beta_exact:.4f}; "
         f"beta = {beta_p:g} allows N < {n_exact:.1f} ({ratio:.1f} x the Remark's)",
-        verdict=verdict(rounded and weaker, partly=rounded or weaker),
-        why=f"criteria: printed values within {PRINTED_ROUNDING:.0%} of the Remark's closed form "
-        f"({'met' if rounded else 'not met'}); (i)-(ii) hold at the printed point and allow at "
-        f"least {MUCH_WEAKER:g} x the Remark's N there ({'met' if weaker else 'not met'})",
-    )
+        values={"printed_off": off, "exact_over_remark": ratio if exact.holds else 0.0},
+        eps=f"{eps:g}", c=f"{c:g}", beta=f"{beta_p:g}", N=f"{N_p:g}")
 
 
 def _fractions(results: list[dict[str, Any]], times: np.ndarray, params: dict[str, Any]

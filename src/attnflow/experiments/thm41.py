@@ -16,7 +16,8 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from scipy.stats import ortho_group
 
-from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, verdict
+from attnflow.experiments._ledger import claim
+from attnflow.experiments._recipe import Output, Progress, save_figure
 from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import geodesic_distance, uniform
@@ -83,15 +84,14 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
     fraction = float(np.mean([r["fraction_converged"] for r in table]))
     figures = [save_figure(_figure(save, curves, params), out, "thm41_distance.png")]
     worst = max(r["worst_final_distance"] for r in table)
-    claims = [Claim(
-        claim="V = I: every token -> x_1(0), any Q, K (Theorem 4.1)",
-        paper="convergence for almost every start, any beta, Q, K",
+    claims = [claim(
+        "thm41.converged",
         measured=(f"{fraction:.1%} of {total} runs have every token within {tol:g} of x_1(0) "
                   f"at t = {t_end:g} ({len(configs)} settings: kinds {params['kinds']}, "
                   f"d {params['d']}, n {params['n']}); worst final distance {worst:.2e}"),
-        verdict=verdict(fraction == 1.0, partly=fraction >= 0.9),
-        why="" if fraction == 1.0 else "slow runs listed in result.json (a limit, not a rate: "
-        "a token that attends mostly to itself converges slowly)",
+        values={"converged": fraction},
+        note="" if fraction == 1 else "slow runs listed in result.json (a limit, not a "
+        "rate: a token that attends mostly to itself converges slowly)",
     )]
     numbers = {"settings": table, "unconverged_runs": failures, "fraction_converged": fraction,
                "save_times": save}
