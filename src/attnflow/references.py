@@ -1,15 +1,15 @@
-"""The papers attnflow reproduces or checks, and which recipe checks which (docs/science.md §6).
+"""The papers attnflow reproduces or checks (docs/science.md §6).
 
-`REFERENCES` maps an arXiv id to its `Reference`; `RECIPE_REFERENCES` maps a recipe name to
-the ids of the papers whose claims it checks (the seed paper for the paper's own recipes).
-The report and the documentation cite from here, so a new recipe adds one line below.
+`REFERENCES` maps an arXiv id to its `Reference`. Which recipe checks which paper is the
+recipe's own word (its ``PAPERS``; the seed paper for the paper suite's recipes:
+`attnflow.experiments.references_of`); the report and the documentation cite from here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Reference", "REFERENCES", "RECIPE_REFERENCES", "SEED", "references_of"]
+__all__ = ["Reference", "REFERENCES", "SEED"]
 
 
 @dataclass(frozen=True)
@@ -55,19 +55,3 @@ REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
     Reference("2605.09213", "Kinetic theory for Transformers and the lost-in-the-middle "
               "phenomenon", None),
 )}
-
-_PAPER_RECIPES = ("thm41", "atlas", "fig2", "fig3", "parking", "scaling", "lemma51", "frozen",
-                  "causal_vs_full", "spectra", "realmodel")
-RECIPE_REFERENCES: dict[str, tuple[str, ...]] = {
-    **{name: (SEED,) for name in _PAPER_RECIPES},
-    "normalization": ("2510.22026",),
-    "noise": ("2601.21942", "2512.01868"),
-    "energy": ("2312.10794", "2512.01868"),
-    "longcontext": ("2510.05554",),
-    "meanfield": ("2410.23228", "2410.06833"),
-}
-
-
-def references_of(recipe: str) -> list[Reference]:
-    """The papers whose claims `recipe` checks (an unlisted recipe: none)."""
-    return [REFERENCES[i] for i in RECIPE_REFERENCES.get(recipe, ())]

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from attnflow._files import write_text
-from attnflow.references import REFERENCES, SEED, references_of
+from attnflow.experiments import references_of
+from attnflow.references import REFERENCES, SEED
 
 __all__ = ["write_report", "claims_table", "summary", "VERDICTS", "caption"]
 

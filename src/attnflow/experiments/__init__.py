@@ -2,7 +2,9 @@
 and per claim of the follow-up literature (§6) and of real decoders (§7).
 
 `RECIPES` maps each recipe's name to its module, in the order of the report; `SUITES` groups
-them: "paper" (the seed paper), "followups" (the follow-up literature and a real model).
+them: "paper" (the seed paper), "followups" (the follow-up literature and a real model); the
+names are listed here only. `references_of` gives the papers a recipe checks: its module's
+``PAPERS`` (arXiv ids of `attnflow.references.REFERENCES`), the seed paper for the paper suite.
 The contract a recipe module fulfils is described in `attnflow.experiments._recipe`.
 """
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+
+from attnflow.references import REFERENCES, SEED, Reference
 
 SUITES: dict[str, tuple[str, ...]] = {
     "paper": ("thm41", "atlas", "fig2", "fig3", "parking", "scaling", "lemma51", "frozen",
@@ -24,4 +28,13 @@ RECIPES: dict[str, ModuleType] = {
     name: importlib.import_module(f"attnflow.experiments.{name}") for name in NAMES
 }
 
-__all__ = ["NAMES", "RECIPES", "SUITES", "SUITE_OF"]
+
+
+def references_of(name: str) -> list[Reference]:
+    """The papers whose claims recipe `name` checks (an unknown recipe: none)."""
+    default = (SEED,) if SUITE_OF.get(name) == "paper" else ()
+    ids = getattr(RECIPES.get(name), "PAPERS", default)
+    return [REFERENCES[i] for i in ids]
+
+
+__all__ = ["NAMES", "RECIPES", "SUITES", "SUITE_OF", "references_of"]

@@ -31,6 +31,7 @@ from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import uniform
 
+PAPERS = ("2312.10794", "2512.01868")  # arXiv ids of the papers whose claims this recipe checks
 NAME = "energy"
 TITLE = "The interaction energy: non-decreasing under full attention, not under causal masks"
 QUICK: dict[str, Any] = {"settings": [[2, 6], [2, 16], [3, 16]], "betas": [1.0, 4.0, 9.0],

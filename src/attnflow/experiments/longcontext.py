@@ -33,6 +33,7 @@ from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention
 from attnflow.sphere import normalize
 
+PAPERS = ("2510.05554",)  # arXiv ids of the papers whose claims this recipe checks
 NAME = "longcontext"
 TITLE = "Long context: output correlation of one layer at beta = gamma log n"
 QUICK: dict[str, Any] = {"rho": 0.5, "n_exact": [100, 316, 1000], "n_random": [100, 1000],

@@ -32,6 +32,7 @@ from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import uniform
 
+PAPERS = ("2410.23228", "2410.06833")  # arXiv ids of the papers whose claims this recipe checks
 NAME = "meanfield"
 TITLE = "Mean-field meta-stability on the circle: k* first clusters, then saddle-to-saddle merges"
 QUICK: dict[str, Any] = {

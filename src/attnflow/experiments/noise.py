@@ -46,6 +46,7 @@ from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import uniform
 
+PAPERS = ("2601.21942", "2512.01868")  # arXiv ids of the papers whose claims this recipe checks
 NAME = "noise"
 TITLE = "Noise: the Kuramoto order parameter at beta = 0, clustering with noise at beta > 0"
 QUICK: dict[str, Any] = {

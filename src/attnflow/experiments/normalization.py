@@ -40,6 +40,7 @@ from attnflow.family import Attention
 from attnflow.simulate import simulate
 from attnflow.sphere import uniform
 
+PAPERS = ("2510.22026",)  # arXiv ids of the papers whose claims this recipe checks
 NAME = "normalization"
 TITLE = "Normalisation schemes: collapse rates of post-, pre-, peri-LN and nGPT"
 QUICK: dict[str, Any] = {

@@ -38,6 +38,7 @@ from attnflow.analysis import cluster_count
 from attnflow.experiments._ledger import claim, entry, not_run
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 
+PAPERS = ("2411.04990",)  # arXiv ids of the papers whose claims this recipe checks
 NAME = "realmodel"
 TITLE = "A real causal language model (SmolLM2-135M from GGUF): heads and tokens through depth"
 QUICK: dict[str, Any] = {"model": None, "n_tokens": None, "n_dynamics": 32, "method": "rk4",
