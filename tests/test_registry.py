@@ -80,3 +80,19 @@ def test_registering_a_taken_name_or_no_slot_is_refused():
 
     with pytest.raises(ValueError, match="part: expected a Part subclass with a name and a slot"):
         register(Nowhere)
+
+
+def test_the_docs_table_of_parts_is_the_registry_s():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "models.md").read_text()
+    table = text.split("<!-- parts-table -->\n")[1].split("\n<!-- /parts-table -->")[0]
+    registered = {k: v for k, v in PARTS.items() if k != "recency"}  # this module's own part
+    saved = dict(PARTS)
+    PARTS.clear()
+    PARTS.update(registered)
+    try:
+        assert table == parts_table()
+    finally:
+        PARTS.clear()
+        PARTS.update(saved)
