@@ -150,7 +150,11 @@ def test_post_ln_block_with_mlp_has_the_exact_jacobian():
     ref = af.simulate(block, x, 5.0, method="rk4", dt=0.01)
     np.testing.assert_allclose(traj.final, ref.final, atol=1e-6)
     assert traj.integrator["n_jacobians"] > 0
-    assert not af.Attention(norm="pre", mlp=_mlp(d)).has_exact_jacobian
+    pre = af.Attention(norm="pre", mlp=_mlp(d))
+    assert not pre.has_exact_jacobian
+    with pytest.raises(ValueError, match="method: expected an explicit method for blocks with "
+                       "a feed-forward term outside post-LN"):
+        af.simulate(pre, x, 1.0, method="radau")
 
 
 def test_qk_norm_normalises_queries_and_keys_per_head_before_rope():

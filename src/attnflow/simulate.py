@@ -80,6 +80,11 @@ def simulate(
         raise fail("method", "'euler' for blocks in sequential form (their sublayers step in "
                    "turn; form='continuous' integrates the summed field with any method)",
                    repr(method))
+    if method in IMPLICIT and any(layer.mlp is not None and not layer.has_exact_jacobian
+                                  for layer in model.layers):
+        raise fail("method", "an explicit method for blocks with a feed-forward term outside "
+                   "post-LN (the implicit methods need the block's exact Jacobian, which "
+                   "attnflow has for post-LN blocks only)", repr(method))
     if not model.manifold.geodesic and method == "geodesic":
         raise fail("method", "a method for states in R^d (not 'geodesic', which needs the "
                    "sphere: norm 'post' or 'ngpt')", repr(method))
