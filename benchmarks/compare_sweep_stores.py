@@ -29,10 +29,10 @@ def differences(a_path: str, b_path: str) -> list[str]:
     if names_a != names_b:
         out.append(f"arrays: {sorted(names_a ^ names_b)}")
     for name in sorted(names_a & names_b):
-        x, y = a[name][...], b[name][...]
+        x, y = np.asarray(a[name][...]), np.asarray(b[name][...])
         if x.dtype != y.dtype or x.shape != y.shape:
             out.append(f"{name}: {x.dtype}{x.shape} vs {y.dtype}{y.shape}")
-        elif x.dtype.kind == "O":
+        elif x.dtype.kind not in "biufc":  # strings, objects
             if not np.array_equal(x, y):
                 out.append(f"{name}: {int(np.sum(x != y))} entries differ")
         elif x.tobytes() != y.tobytes() and not np.array_equal(x, y, equal_nan=True):
