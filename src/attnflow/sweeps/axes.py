@@ -1,10 +1,12 @@
 """The grid fields a sweep may vary, each with its checker and default: the one place to
 edit when the model family gains or loses an option.
 
-`AXES` lists them in the order of the store's dims. The model family's text options come from
-`family_axes` (today `attnflow.textspec`; a registry of parts can produce the same
-{name: (checker, default)} entries). `OWNED` says which of the fields a saved model file
-(``grid.model``) holds itself, so that the spec must leave them out.
+`AXES` lists them in the order of the store's dims. The model family's text options are
+`family_axes` (their checkers and defaults) and `family_model_options` (their values turned
+into `Attention` options), today from `attnflow.textspec`: a registry of parts, each with a
+name, a text parser and a default, replaces the bodies of these two functions and nothing
+else. `OWNED` says which fields a saved model file (``grid.model``) holds itself, so that the
+spec must leave them out.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def _family_text(option: str) -> Check:
 
 def family_axes() -> dict[str, tuple[Check, Any]]:
     """The model family's options as sweep fields: {name: (checker, default)}, each value
-    the text form a run's model is built from (`attnflow.textspec.family_options`)."""
+    the text form a run's model is built from (`family_model_options`)."""
     return {
         "norm": (_family_text("norm"), "post"),
         "alpha": (real(0, strict=True), 0.2),
@@ -97,6 +99,12 @@ def family_axes() -> dict[str, tuple[Check, Any]]:
         "rope": (_family_text("rope"), "none"),
         "alibi": (_family_text("alibi"), "none"),
     }
+
+
+def family_model_options(point: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of `attnflow.Attention` from a grid point's values of the fields of
+    `family_axes` (`attnflow.textspec.family_options`)."""
+    return family_options(**{name: point[name] for name in family_axes()})
 
 
 MODEL_FILES = (".nc", ".zarr", ".npz")

@@ -25,8 +25,8 @@ from attnflow.kernels.masks import mask_from_text
 from attnflow.model import Attention
 from attnflow.presets import matrix_from_spec
 from attnflow.stack import Model
-from attnflow.sweeps.axes import MATRICES, OWNED, family_axes, model_kind
-from attnflow.textspec import family_options, layers_from_npz
+from attnflow.sweeps.axes import MATRICES, OWNED, family_axes, family_model_options, model_kind
+from attnflow.textspec import layers_from_npz
 
 Stream = Any  # a callable name -> np.random.SeedSequence: a run's seed stream of one draw
 
@@ -68,8 +68,8 @@ def digest(model: Model) -> str:
 def _options(p: dict[str, Any]) -> dict[str, Any]:
     """The Attention options of a grid point (beta, mask, backend, the family's)."""
     backend = {} if p["backend"] is None else {"backend": p["backend"]}
-    family = family_options(p["norm"], p["alpha"], p["attention"], p["rope"], p["alibi"])
-    return dict(beta=p["beta"], mask=mask_from_text(p["mask"]), **backend, **family)
+    return dict(beta=p["beta"], mask=mask_from_text(p["mask"]), **backend,
+                **family_model_options(p))
 
 
 class PointModels:
