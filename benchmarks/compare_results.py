@@ -6,8 +6,8 @@ Reads OUT/<recipe>/result.json in both folders and compares every number under "
 (nested dicts and lists walked leaf by leaf): "identical" when bit for bit equal, "close"
 when within rtol (relative, or absolute below 1e-300), otherwise "DIFFERENT" with the largest
 deviation. Verdict wording and times (any number under a key "timings", "wall_time" or
-"*_s") are not compared (a redesign keeps the numbers; the ledger may change the criteria). Exit status 1 if any number differs beyond rtol or a recipe
-is missing on one side.
+"*_s") are not compared (a redesign keeps the numbers; the ledger may change the criteria).
+Exit status 1 if any number differs beyond rtol or a recipe is missing on one side.
 """
 
 from __future__ import annotations

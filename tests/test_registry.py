@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import attnflow as af
+from attnflow._checks import fail
 from attnflow.cli import app
 from attnflow.family import PARTS, Encoding, parts_table, register
 from attnflow.family.text import family_options, option_names
@@ -31,7 +32,12 @@ class Recency(Encoding):
 
     @classmethod
     def parse(cls, text, name=None):
-        return None if text in (None, "none") else cls(float(text))
+        if text in (None, "none"):
+            return None
+        try:
+            return cls(float(text))
+        except ValueError:
+            raise fail(name or cls.name, "none or a number C", repr(text)) from None
 
     def text(self):
         return repr(self.c)
@@ -64,6 +70,25 @@ def test_a_new_part_is_an_option_everywhere(tmp_path):
                                       "--recency", "0.25", "--no-progress", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert af.load(out).model.encodings == (Recency(0.25),)
+
+
+def test_a_new_part_is_a_sweep_axis():
+    from attnflow.sweeps import sweep
+    from attnflow.sweeps.spec import parse_spec
+
+    spec = parse_spec({"grid": {"beta": 1.0, "n": 6, "d": 3, "t_end": 0.5, "seeds": [0],
+                                "recency": ["none", "0.25"], "method": "euler", "dt": 0.25},
+                       "keep": {"states": True}})
+    assert spec.values("recency") == ("none", "0.25")
+    ds = sweep(spec, scheduler="serial")
+    states = ds["states"].sel(recency="0.25").values.reshape(-1, 6, 3)[-1]
+    x0 = ds["states"].sel(recency="0.25").values.reshape(-1, 6, 3)[0]
+    expected = af.simulate(af.Attention(beta=1.0, alibi=0.25), x0, 0.5, method="euler",
+                           dt=0.25).final  # the built-in part with the same scores
+    np.testing.assert_allclose(states, expected, rtol=1e-12)
+    with pytest.raises(ValueError, match="grid.recency"):
+        parse_spec({"grid": {"beta": 1.0, "n": 6, "d": 3, "t_end": 0.5, "seeds": [0],
+                             "recency": "x"}})
 
 
 def test_registering_a_taken_name_or_no_slot_is_refused():

@@ -205,7 +205,7 @@ def test_a_failing_run_is_recorded_and_the_sweep_goes_on():
 def test_a_failing_run_does_not_take_its_batch_mates(monkeypatch):
     """A batch with one failing run is redone run by run: only that run fails, and the others
     equal a sweep without the failure."""
-    module = importlib.import_module("attnflow.sweeps")
+    module = importlib.import_module("attnflow.sweeps.tasks")
     real = module.simulate
     grid = {"beta": 2.0, "n": 6, "d": 2, "t_end": 1.0, "dt": 0.1, "seeds": 4}
     clean = sweep_fn(grid, scheduler="serial")
