@@ -9,10 +9,13 @@ m memory keys:
 
 What makes it fast (benchmarks/RESULTS.md):
 * the masked half of the scores is never computed (a causal row i visits i + 1 keys, not n);
-* runs are the SIMD lanes: LANES runs are transposed into a lane-last tile (n, e, LANES), and
-  every inner loop runs over those lanes with a trip count fixed at compile time, so all of
-  them vectorise without remainder loops or horizontal reductions;
-* one row of scores for the tile (n + m, LANES) stays in L1/L2 cache instead of (B, n, n)
+* runs are the SIMD lanes: `tile_runs(dtype)` runs (32 in float64, 64 in float32: 256 bytes
+  a coordinate, four 512-bit or eight 256-bit registers) are transposed into a lane-last tile
+  (n, e, lanes), and every inner loop runs over those lanes with a trip count fixed at
+  compile time, so all of them vectorise without remainder loops or horizontal reductions
+  (float32 with 32 lanes ran 1.5x slower per pair on AVX-512: the fixed cost of each key
+  was shared by half as many pairs);
+* one row of scores for the tile (n + m, lanes) stays in L1/L2 cache instead of (B, n, n)
   temporaries being allocated every call;
 * scores are kept in base-2 units (log2 e folded into beta and the bias) so that the weight
   is `vexp2`, 2^s, one operation cheaper than exp (vectorised by LLVM, no subnormal slow
@@ -25,7 +28,7 @@ an additive 0 / -inf bias. A float score bias (n, n) (ALiBi, `attnflow.kernels.o
 joins that additive bias; the fixed shift then takes each row's largest allowed bias into
 account, so the bias never forces the exact-maximum pass. float64 and float32 inputs are
 computed in their own dtype.
-With fewer runs than LANES the unused lanes are wasted work: `attnflow.kernels.auto` then
+With fewer runs than a tile the unused lanes are wasted work: `attnflow.kernels.auto` then
 picks another kernel.
 """
 
@@ -44,11 +47,12 @@ from attnflow.kernels.masks import MaskSpec, mask_matrix
 from attnflow.kernels.options import check_options
 from attnflow.kernels.types import Memory, Normalization
 
-__all__ = ["LANES", "SUPPORTS", "attend", "band", "row_top"]
+__all__ = ["LANES", "SUPPORTS", "attend", "band", "row_top", "tile_runs"]
 
 SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.options`)
 
-LANES = 32  # runs per SIMD tile
+LANES = 64  # runs per share of work that keeps whole tiles in every dtype (`tile_runs`)
+TILE_BYTES = 256  # bytes of one coordinate of a tile: its lanes (see the module docstring)
 # Largest spread of a row's scores for which the Cauchy-Schwarz bound may replace the row
 # maximum: exp(-spread - 37) (float64) / exp(-spread - 17) (float32) must stay normal.
 SAFE_SPREAD = {np.float64: 600.0, np.float32: 60.0}
@@ -95,6 +99,11 @@ def row_top(lo: np.ndarray, hi: np.ndarray, token_bias: np.ndarray | None,
     return np.maximum(top, log_weights.max(initial=-np.inf))
 
 
+def tile_runs(dtype: np.dtype | type) -> int:
+    """Runs per SIMD tile of the kernel in `dtype` (float32 or float64); divides LANES."""
+    return TILE_BYTES // np.dtype(dtype).itemsize
+
+
 @njit(cache=True)
 def _base2_bias(token_bias, lo, hi, log_weights, out, top):
     """out[:, :n] = log2(e) token_bias, out[:, n:] = log2(e) log_weights (every row), and
@@ -116,11 +125,11 @@ def _base2_bias(token_bias, lo, hi, log_weights, out, top):
 
 
 @cache
-def _compile(e: int, f: int, biased: bool):
-    """The kernel for head sizes e (queries/keys) and f (values), fixed at compile time so
-    the loops over them unroll and the lane loops vectorise; without a score bias (`biased`
-    False: no boolean mask, no memory) the exp loop skips adding it."""
-    lanes = LANES
+def _compile(e: int, f: int, biased: bool, lanes: int):
+    """The kernel for head sizes e (queries/keys) and f (values) and tiles of `lanes` runs,
+    fixed at compile time so the loops over them unroll and the lane loops vectorise;
+    without a score bias (`biased` False: no boolean mask, no memory) the exp loop skips
+    adding it."""
 
     @njit(nogil=True, fastmath=FASTMATH, cache=True)
     def kernel(q, k, v, mem_k, mem_v, bias, top, safe, lo, hi, beta, out, acc,
@@ -256,15 +265,17 @@ def attend(
         _base2_bias(token_bias, lo, hi, np.asarray(memory.log_weights, np.float64), bias, top)
     out = np.empty((runs, n, f), dtype)
     if runs and n:
-        kernel = _compile(e, f, bool(token_bias is not None or len(memory.log_weights)))
+        lanes = tile_runs(dtype)
+        kernel = _compile(e, f, bool(token_bias is not None or len(memory.log_weights)), lanes)
         args = (runs_first(q, e), runs_first(k, e), runs_first(v, f), mem_k, mem_v, bias, top,
                 SAFE_SPREAD[dtype.type] * LOG2E, lo, hi, dtype.type(beta * LOG2E), out)
-        tiles = -(-runs // LANES)
+        tiles = -(-runs // lanes)
+
         def run(t0: int, t1: int) -> None:
             # sum_r w_r v_rc for each c: separate arrays, so LLVM vectorises each row's update
-            acc = tuple(np.empty(LANES, dtype) for _ in range(f))
+            acc = tuple(np.empty(lanes, dtype) for _ in range(f))
             kernel(*args, acc, t0, t1)
 
         parallel_ranges(run, tiles,
-                        cost=tiles * LANES * n * bias.shape[1] * (e + f + 8))
+                        cost=tiles * lanes * n * bias.shape[1] * (e + f + 8))
     return out.reshape(*lead, n, f)
