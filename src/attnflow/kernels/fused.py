@@ -9,8 +9,8 @@ m memory keys:
 
 What makes it fast (benchmarks/RESULTS.md):
 * the masked half of the scores is never computed (a causal row i visits i + 1 keys, not n);
-* runs are the SIMD lanes: `tile_runs(dtype)` runs (32 in float64, 64 in float32: 256 bytes
-  a coordinate, four 512-bit or eight 256-bit registers) are transposed into a lane-last tile
+* runs are the SIMD lanes: `tile_runs` runs (32 in float64, 64 in float32: 256 bytes a
+  coordinate, four 512-bit or eight 256-bit registers) are transposed into a lane-last tile
   (n, e, lanes), and every inner loop runs over those lanes with a trip count fixed at
   compile time, so all of them vectorise without remainder loops or horizontal reductions
   (float32 with 32 lanes ran 1.5x slower per pair on AVX-512: the fixed cost of each key
@@ -99,9 +99,12 @@ def row_top(lo: np.ndarray, hi: np.ndarray, token_bias: np.ndarray | None,
     return np.maximum(top, log_weights.max(initial=-np.inf))
 
 
-def tile_runs(dtype: np.dtype | type) -> int:
-    """Runs per SIMD tile of the kernel in `dtype` (float32 or float64); divides LANES."""
-    return TILE_BYTES // np.dtype(dtype).itemsize
+def tile_runs(dtype: np.dtype | type, runs: int) -> int:
+    """Runs per SIMD tile of the kernel in `dtype` (float32 or float64) for a batch of `runs`:
+    TILE_BYTES of a coordinate, but 32 lanes for float32 batches of up to 32 runs (which
+    would leave half of a 64-lane tile empty). Divides LANES."""
+    lanes = TILE_BYTES // np.dtype(dtype).itemsize
+    return min(lanes, LANES // 2) if runs <= LANES // 2 else lanes
 
 
 @njit(cache=True)
@@ -265,7 +268,7 @@ def attend(
         _base2_bias(token_bias, lo, hi, np.asarray(memory.log_weights, np.float64), bias, top)
     out = np.empty((runs, n, f), dtype)
     if runs and n:
-        lanes = tile_runs(dtype)
+        lanes = tile_runs(dtype, runs)
         kernel = _compile(e, f, bool(token_bias is not None or len(memory.log_weights)), lanes)
         args = (runs_first(q, e), runs_first(k, e), runs_first(v, f), mem_k, mem_v, bias, top,
                 SAFE_SPREAD[dtype.type] * LOG2E, lo, hi, dtype.type(beta * LOG2E), out)
