@@ -180,19 +180,26 @@ def _compile(e: int, f: int, biased: bool, lanes: int):
                 top_i = top[i if top.shape[0] > 1 else 0]  # the row's largest allowed bias
                 qi = qt[i]
                 width = hi[i] - lo[i]
-                # Shift: every score is <= beta |q_i| max|k_j| + top_i (Cauchy-Schwarz), and
-                # the row maximum >= top_i minus that bound; if the spread 2 beta |q_i|
-                # max|k_j| is small no weight that matters underflows and the bound replaces
-                # the row maximum (softmax is shift-invariant).
+                # Shift: every score is <= U = beta |q_i| max|k_j| + top_i (Cauchy-Schwarz),
+                # and the row maximum >= L, the larger of top_i - beta |q_i| max|k_j| and the
+                # score of one allowed key, the probe (the row's last: in self-attention the
+                # query's own, where L = U); if the spread U - L is small no weight that
+                # matters underflows and U replaces the row maximum (softmax is
+                # shift-invariant). A forbidden probe (boolean mask) scores -inf: no help.
                 spread = zero if top_i > -np.inf else np.inf  # -inf: no allowed key
+                probe = hi[i] - 1 if width > 0 else min(n, n + m - 1)  # (n: memory's first)
+                kp = kt[probe]
+                p0 = row[probe] if biased else zero
                 for l in range(lanes):
                     x = zero
+                    p = p0
                     for c in range(e):
                         x += qi[c, l] * qi[c, l]
+                        p += qi[c, l] * kp[c, l]
                     bound = np.sqrt(x) * k_max[l]
                     offset[l] = -(bound + top_i)
-                    spread = max(spread, 2 * bound)
-                if spread > safe:  # rare (huge beta): one more pass for the exact row maximum
+                    spread = max(spread, min(2 * bound, bound + top_i - p))
+                if spread > safe:  # rare: one more pass for the exact row maximum
                     offset[:] = np.inf
                     for r in range(width + m):  # r: allowed tokens lo[i].., then memory
                         j = lo[i] + r if r < width else n + r - width
