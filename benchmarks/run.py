@@ -153,13 +153,17 @@ def w1(runs: int, steps: int, rows: list, torch_too: bool) -> None:
         # after its own floor measurement: the machine's speed drifts by 10-20% within
         # minutes, so each run is compared with the floor measured beside it (medians).
         af.simulate(model, x, t_end=DT, dt=DT, normalize=True)
-        rates, fractions = [], []
+        rates, fractions, cpu_fractions = [], [], []
         for _ in range(ALTERNATIONS if backend == "fused" else 1):
             floor_now = n_threads() / exp_floor(dtype)[0] * 1e9
+            floor_cpu = 1e9 / exp_floor(dtype, time.thread_time)[0]  # per CPU second
+            cpu = time.process_time()
             traj = af.simulate(model, x, t_end=n_steps * DT, dt=DT, save_at=[n_steps * DT],
                                normalize=True)
+            cpu = time.process_time() - cpu
             rates.append(size * PAIRS * traj.n_evals / traj.wall_time)
             fractions.append(rates[-1] / floor_now)
+            cpu_fractions.append(size * PAIRS * traj.n_evals / cpu / floor_cpu)
         rate = float(np.median(rates))
         finals[name] = traj.final
         medians[name] = rate
@@ -168,6 +172,8 @@ def w1(runs: int, steps: int, rows: list, torch_too: bool) -> None:
         if len(fractions) > 1:
             note += "; fractions of the floor beside each run: " + ", ".join(
                 f"{f:.3f}" for f in fractions)
+        note += ("; in CPU time (pairs per CPU second of the process over the floor's per "
+                 "CPU second of its thread): " + ", ".join(f"{f:.3f}" for f in cpu_fractions))
         if dtype == np.float32:
             err = np.abs(traj.final - finals["attnflow fused f64, RK4"]).max()
             note += (f"; **{rate / medians['attnflow fused f64, RK4']:.2f}x the float64 rate**"

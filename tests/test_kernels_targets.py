@@ -21,7 +21,7 @@ import json, re
 import numpy as np
 from numba import njit
 from attnflow.kernels import auto, blocked, fused
-from attnflow.kernels._simd import wide_vectors
+from attnflow.kernels._simd import vector_bytes, wide_vectors
 from attnflow.kernels._vexp import vexp, vexp2
 
 @njit
@@ -48,7 +48,9 @@ asm = "".join(exps.inspect_asm().values())  # compiled afresh (not cached): insp
 widest = [r for r in ("xmm", "ymm", "zmm") if re.search("%" + r + r"\d", asm)][-1]
 shapes = [(1, 32, 3), (1, 500, 64), (5000, 200, 2), (8, 200, 2), (4, 200, 2), (12, 64, 16)]
 choices = [auto.choose(np.zeros(s), np.zeros(s)).__module__ for s in shapes]
-measured = {"results": results, "widest": widest, "choices": choices}
+tiles = [fused.tile_runs(dtype, runs) for dtype in ("float64", "float32") for runs in (8, 5000)]
+measured = {"results": results, "widest": widest, "choices": choices,
+            "vector_bytes": vector_bytes(), "tiles": tiles}
 if __name__ == "__main__":
     print(json.dumps(measured))
 """
@@ -57,6 +59,7 @@ TARGETS = {  # target: (environment, widest vector register its code may use)
     "generic": ({"NUMBA_CPU_NAME": "generic"}, "xmm"),
     "haswell": ({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": ""}, "ymm"),
 }
+REGISTERS = ["xmm", "ymm", "zmm"]  # 16, 32, 64 bytes
 
 
 def cpu_flags() -> set[str]:
@@ -90,7 +93,13 @@ def test_other_target_agrees_with_native(target, native):
     if target == "haswell" and "avx2" not in cpu_flags():
         pytest.skip("this CPU has no AVX2")
     other = run_child(env)
-    assert ["xmm", "ymm", "zmm"].index(other["widest"]) <= ["xmm", "ymm", "zmm"].index(widest)
+    assert REGISTERS.index(other["widest"]) <= REGISTERS.index(widest)
+    # the fused kernel's tiles: four registers of the target's width (float64, float32),
+    # halved for a batch of 8 runs that would leave more than half of them empty
+    assert other["vector_bytes"] == 16 << REGISTERS.index(widest)
+    full = [4 * other["vector_bytes"] // size for size in (8, 4)]
+    assert other["tiles"] == [t for lanes in full for t in
+                              (lanes // 2 if 8 <= lanes // 2 else lanes, lanes)]
     assert other["choices"] == native["choices"]
     assert native["choices"][:3] == ["attnflow.kernels.dense", "attnflow.kernels.blocked",
                                      "attnflow.kernels.fused"]
@@ -101,3 +110,13 @@ def test_other_target_agrees_with_native(target, native):
         got, want = np.asarray(other["results"][key]), np.asarray(want)
         scale = np.maximum(np.abs(want), 1.0)
         assert np.all(np.abs(got - want) <= tol * scale), (key, np.abs(got - want).max())
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 flags")
+def test_native_registers_are_the_cpus(native):
+    """The native target's code and tiles use the widest registers the CPU's flags name, no
+    wider (AVX-512: 64 bytes, AVX2: 32, else 16)."""
+    flags = cpu_flags()
+    width = 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+    assert native["vector_bytes"] == width
+    assert native["widest"] == REGISTERS[width.bit_length() - 5]

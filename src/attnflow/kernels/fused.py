@@ -9,12 +9,11 @@ m memory keys:
 
 What makes it fast (benchmarks/RESULTS.md):
 * the masked half of the scores is never computed (a causal row i visits i + 1 keys, not n);
-* runs are the SIMD lanes: `tile_runs` runs (32 in float64, 64 in float32: 256 bytes a
-  coordinate, four 512-bit or eight 256-bit registers) are transposed into a lane-last tile
+* runs are the SIMD lanes: `tile_runs` runs, four vector registers of them (AVX-512: 32 in
+  float64, 64 in float32; AVX2: 16 and 32), are transposed into a lane-last tile
   (n, e, lanes), and every inner loop runs over those lanes with a trip count fixed at
   compile time, so all of them vectorise without remainder loops or horizontal reductions
-  (float32 with 32 lanes ran 1.5x slower per pair on AVX-512: the fixed cost of each key
-  was shared by half as many pairs);
+  (measured: two registers or eight ran 10-25% slower per pair than four, on both);
 * one row of scores for the tile (n + m, lanes) stays in L1/L2 cache instead of (B, n, n)
   temporaries being allocated every call;
 * scores are kept in base-2 units (log2 e folded into beta and the bias) so that the weight
@@ -40,7 +39,7 @@ import numpy as np
 from numba import njit
 
 from attnflow._checks import fail
-from attnflow.kernels._simd import wide_vectors
+from attnflow.kernels._simd import vector_bytes, wide_vectors
 from attnflow.kernels._threads import parallel_ranges
 from attnflow.kernels._vexp import vexp2
 from attnflow.kernels.masks import MaskSpec, mask_matrix
@@ -52,7 +51,7 @@ __all__ = ["LANES", "SUPPORTS", "attend", "band", "row_top", "tile_runs"]
 SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.options`)
 
 LANES = 64  # runs per share of work that keeps whole tiles in every dtype (`tile_runs`)
-TILE_BYTES = 256  # bytes of one coordinate of a tile: its lanes (see the module docstring)
+TILE_REGISTERS = 4  # vector registers of one coordinate of a tile (see the module docstring)
 # Largest spread of a row's scores for which the Cauchy-Schwarz bound may replace the row
 # maximum: exp(-spread - 37) (float64) / exp(-spread - 17) (float32) must stay normal.
 SAFE_SPREAD = {np.float64: 600.0, np.float32: 60.0}
@@ -101,10 +100,10 @@ def row_top(lo: np.ndarray, hi: np.ndarray, token_bias: np.ndarray | None,
 
 def tile_runs(dtype: np.dtype | type, runs: int) -> int:
     """Runs per SIMD tile of the kernel in `dtype` (float32 or float64) for a batch of `runs`:
-    TILE_BYTES of a coordinate, but 32 lanes for float32 batches of up to 32 runs (which
-    would leave half of a 64-lane tile empty). Divides LANES."""
-    lanes = TILE_BYTES // np.dtype(dtype).itemsize
-    return min(lanes, LANES // 2) if runs <= LANES // 2 else lanes
+    TILE_REGISTERS vector registers (`_simd.vector_bytes`) of a coordinate, halved for
+    batches that would leave half of such a tile empty. Divides LANES."""
+    lanes = min(LANES, TILE_REGISTERS * vector_bytes() // np.dtype(dtype).itemsize)
+    return lanes // 2 if runs <= lanes // 2 else lanes
 
 
 @njit(cache=True)
