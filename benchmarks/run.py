@@ -279,7 +279,7 @@ def w2(n: int, d: int, rows: list) -> None:
                      f"max |blocked - dense| at n={min(n, 2048)}: {res['err']:.1e}"))
 
 
-SDPA_REPEATS = {65536: 1}  # best of 3 below this size
+SDPA_REPEATS = {65536: 1}  # best of 3 below this size (the first call warms up)
 
 
 def sdpa(sizes: list[int], rows: list) -> None:
@@ -303,7 +303,7 @@ def sdpa(sizes: list[int], rows: list) -> None:
 
 
 def _sdpa_row(torch, x: np.ndarray, beta: float) -> tuple:
-    """One SDPA row: X = x (n, d) through both, their outputs compared, then timed."""
+    """One SDPA row: X = x (n, d) through both, alternating, and their outputs compared."""
     from attnflow.kernels import get_kernel
 
     attend = get_kernel("auto")
@@ -317,11 +317,15 @@ def _sdpa_row(torch, x: np.ndarray, beta: float) -> tuple:
         return torch.nn.functional.scaled_dot_product_attention(tx, tx, tx, is_causal=True,
                                                                 scale=beta)
 
-    err = np.abs(ours() - theirs().reshape(n, d).numpy()).max()  # also the warm-up
     t_ours, t_theirs = [], []
-    for _ in range(SDPA_REPEATS.get(n, 3)):
-        t_ours.append(best_of(ours, 1))
-        t_theirs.append(best_of(theirs, 1))
+    for _ in range(SDPA_REPEATS.get(n, 3)):  # no warm-up: compiled at the smallest n
+        start = time.perf_counter()
+        got = ours()
+        t_ours.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        want = theirs()
+        t_theirs.append(time.perf_counter() - start)
+    err = np.abs(got - want.reshape(n, d).numpy()).max()
     ratio = min(t_theirs) / min(t_ours)
     return ("SDPA", f"causal, d={d}, beta={beta:g}, {x.dtype}", f"n={n}",
             n * (n + 1) / 2 / min(t_ours), ratio,
