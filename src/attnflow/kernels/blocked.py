@@ -26,11 +26,13 @@ float64 GEMM rate, counting 2 n^2 d flops):
   core busy);
 * no row maximum where a bound does: the scores of row i are at most B_i + t_i, with
   B_i = beta |q_i| max_j |k_j| (Cauchy-Schwarz) and t_i the largest offset (score bias,
-  memory log-weight) among the row's allowed keys, and its maximum is at least t_i - B_i.
-  If the spread 2 B_i is below `fused.SAFE_SPREAD`, no weight that matters underflows with
-  B_i + t_i as the shift, fixed from the start (softmax is shift-invariant): no rescaling,
-  and the exp pass is the only pass over S. Rows beyond it (huge beta) keep the exact
-  running maximum;
+  memory log-weight) among the row's allowed keys, and its maximum is at least L_i, the
+  larger of t_i - B_i and the score of the row's last allowed token (the probe: in
+  self-attention the query's own, which scores B_i itself). If the spread B_i + t_i - L_i is
+  below `fused.SAFE_SPREAD`, no weight that matters underflows with B_i + t_i as the shift,
+  fixed from the start (softmax is shift-invariant): no rescaling, and the exp pass is the
+  only pass over S. Rows beyond it (huge beta, cross-attention) keep the exact running
+  maximum;
 * exp is `vexp` (vectorised by LLVM with 512-bit registers, `_simd.wide_vectors`; no
   subnormal slow path), fused with the row sums.
 

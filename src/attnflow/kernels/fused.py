@@ -25,8 +25,11 @@ What makes it fast (benchmarks/RESULTS.md):
 Every mask: causal, full and ("window", w) as bands; boolean arrays as the band [0, n) plus
 an additive 0 / -inf bias. A float score bias (n, n) (ALiBi, `attnflow.kernels.options`)
 joins that additive bias; the fixed shift then takes each row's largest allowed bias into
-account, so the bias never forces the exact-maximum pass. float64 and float32 inputs are
-computed in their own dtype.
+account, so the bias never forces the exact-maximum pass. One pass per row where the
+Cauchy-Schwarz bound on the scores may be the shift: when the row's spread, the bound less
+the score of the row's last allowed key (in self-attention the query's own, which reaches
+the bound), is below SAFE_SPREAD (W1 at beta 64 in float32: spread 0, not 2 beta = 128 > 60).
+float64 and float32 inputs are computed in their own dtype.
 With fewer runs than a tile the unused lanes are wasted work: `attnflow.kernels.auto` then
 picks another kernel.
 """
