@@ -4,18 +4,35 @@ run (absolute times drift on a shared machine; ratios measured together do not).
     python benchmarks/run.py            # full sizes (minutes), table appended to RESULTS.md
     python benchmarks/run.py --quick    # small sizes, seconds (the CI smoke test)
     python benchmarks/run.py --only W5 --runs 1000    # the model family's costs, minutes
+    python benchmarks/run.py --only W1,W2,SDPA --target avx2   # numba, numpy, torch on AVX2
+
+Every table names the CPU, its vector instruction set and the one each library runs with
+(`--target avx2` makes numba compile for Haswell's AVX2 and numpy and torch dispatch to their
+AVX2 code, so that an AVX-512 machine measures both).
+
+Floors are floors: per dtype, the fastest vectorised exp of the process (numpy's or
+torch's, whichever is faster on this CPU: numpy vectorises float64 exp only with AVX-512),
+timed beside each run, one thread, on 40 000 cache-resident arguments uniform in W1's score
+range [-2 beta, 0] (float32: [-87, 0], above the subnormal results and their slow path),
+times the threads used; W2 against the GEMM rate of its own dtype.
 
 W1  the paper's Fig. 3 ensemble: runs x n = 200 x d = 2, beta = 64, causal, Q = K = V = I,
     RK4 dt = 0.05 (t = 150 projected from a few steps). Unit: causal pair-evaluations per
     second, runs * n(n+1)/2 * field evaluations / s. Baselines: the textbook per-run numpy
-    step and its batched (B, n, n) form (benchmarks/baselines.py); floor: numpy's exp on a
-    cache-resident array (40 000 float64) times the threads used.
-W2  one field evaluation, n = 65 536, d = 64, causal, random Q, K, V (blocked kernel), in a
-    child process whose peak RSS is reported; against this run's float64 GEMM rate, counting
-    2 n^2 d flops (the causal halves of scores and values).
+    step and its batched (B, n, n) form (benchmarks/baselines.py); floor: the exp floor of
+    the run's dtype, timed beside each run (medians of ALTERNATIONS pairs).
+W2  one field evaluation, n = 65 536, d = 64, causal, random Q, K, V (blocked kernel), float64
+    and float32, each in a child process whose peak RSS is reported; against this run's GEMM
+    rate in the same dtype, counting 2 n^2 d flops (the causal halves of scores and values).
 W3  n = 200, d = 2, beta = 64, t = 10^4: work-precision of the adaptive methods (dopri5, and
     the implicit bdf, radau, lsoda with the exact Jacobian) against fixed-step RK4.
-W4  the torch backend (CPU threads) on W1 and W2 beside numpy.
+W4  the torch backend (CPU threads) on W1 beside numpy (torch at W2's size: SDPA).
+SDPA  one causal evaluation, attnflow's default kernel ("auto") against what a user would
+    call instead, torch.nn.functional.scaled_dot_product_attention(X, X, X, is_causal=True)
+    on (1, 1, n, d) tensors (2-D ones take torch's materialising path), n = 1024 .. 65 536,
+    d = 64 (X standard normal / d^(1/4), scale 1) and d = 2 (X on the circle, beta = 64, the
+    paper's), float64 and float32, the same thread count; ratio = SDPA's time / attnflow's
+    (best of 3; 1 at n = 65 536).
 W5  what the model family's options cost at W1 size (fused kernel, float64): W1's RK4 with
     RoPE and with ALiBi (default slope) as fractions of the exp floor beside plain W1, and
     the time of one Euler step: plain post-LN, pre-LN, and noisy (Euler-Maruyama,
@@ -29,6 +46,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -43,6 +61,7 @@ from attnflow.sphere import uniform
 
 sys.path.insert(0, str(Path(__file__).parent))
 from baselines import batched_step, textbook_step  # noqa: E402
+from machine import AVX2_ENV, describe  # noqa: E402
 
 HERE = Path(__file__).parent
 BETA, N, D, DT = 64.0, 200, 2, 0.05
@@ -60,25 +79,56 @@ def best_of(fn, repeats: int = 3, clock=time.perf_counter) -> float:
     return min(times)
 
 
-def exp_floor(clock=time.perf_counter) -> float:
-    """numpy exp on 40 000 cache-resident float64 (scores range of W1): ns per element (wall
-    time, or this thread's CPU time with clock=time.thread_time)."""
-    x = -np.random.default_rng(0).uniform(0, 2 * BETA, 40_000)
+# W1's scores minus their shift lie in [-2 beta, 0]; float32 exp is normal above -87.3.
+FLOOR_RANGE = {np.float64: -2 * BETA, np.float32: -87.0}
+FLOOR_SIZE = 40_000  # elements: cache-resident
+
+
+def _torch():
+    """torch, or None where it is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def exp_floor(dtype=np.float64, clock=time.perf_counter) -> tuple[float, str]:
+    """The fastest exp of the process in `dtype` (see the module docstring): (ns per
+    element, whose: "numpy" or "torch"), wall time or, with clock=time.thread_time, this
+    thread's CPU time."""
+    x = np.random.default_rng(0).uniform(FLOOR_RANGE[dtype], 0, FLOOR_SIZE).astype(dtype)
     out = np.empty_like(x)
-    return best_of(lambda: [np.exp(x, out=out) for _ in range(200)], 5, clock) / 200 / x.size \
-        * 1e9
+    seconds = {"numpy": best_of(lambda: [np.exp(x, out=out) for _ in range(100)], 5, clock)}
+    torch = _torch()
+    if torch is not None:
+        tx, tout = torch.from_numpy(x), torch.from_numpy(out)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            seconds["torch"] = best_of(lambda: [torch.exp(tx, out=tout) for _ in range(100)],
+                                       5, clock)
+        finally:
+            torch.set_num_threads(threads)
+    name = min(seconds, key=seconds.get)
+    return seconds[name] / 100 / x.size * 1e9, name
 
 
-def gemm_rate() -> float:
-    """float64 GEMM rate of this run (FLOP/s), 2048^3 products on all BLAS threads."""
-    a, b = np.random.default_rng(0).standard_normal((2, 2048, 2048))
+def gemm_rate(dtype=np.float64) -> float:
+    """GEMM rate of this run in `dtype` (FLOP/s), 2048^3 products on all BLAS threads."""
+    a, b = np.random.default_rng(0).standard_normal((2, 2048, 2048)).astype(dtype)
     return 2 * 2048**3 / best_of(lambda: a @ b, 3)
 
 
 def w1(runs: int, steps: int, rows: list, torch_too: bool) -> None:
-    floor_ns = exp_floor()
-    floor = n_threads() / floor_ns * 1e9
-    rows.append(("W1", "floor: numpy exp x threads", f"{n_threads()} thr", floor, None, ""))
+    floors = {}
+    for dtype in (np.float64, np.float32):
+        ns, whose = exp_floor(dtype)
+        floors[dtype] = n_threads() / ns * 1e9
+        rows.append(("W1", f"floor: fastest exp x threads, {np.dtype(dtype).name}",
+                     f"{n_threads()} thr", floors[dtype], None,
+                     f"{whose} exp, {ns:.3f} ns per element"))
+    floor = floors[np.float64]
     x0 = uniform((runs, N), D, seed=0)
     few = min(runs, 20)
     t = best_of(lambda: [textbook_step(x, BETA, DT) for x in x0[:few] for _ in range(5)], 2)
@@ -89,7 +139,7 @@ def w1(runs: int, steps: int, rows: list, torch_too: bool) -> None:
     t = best_of(lambda: batched_step(x0[:batch], BETA, DT), 2)
     rows.append(("W1", "baseline (b): textbook batched (B,n,n)", f"B={batch}", batch * PAIRS / t,
                  batch * PAIRS / t / floor, ""))
-    finals = {}
+    finals, medians = {}, {}
     for name, backend, dtype, size, n_steps in (
             ("attnflow fused f64, RK4", "fused", np.float64, runs, steps),
             ("attnflow fused f32, RK4", "fused", np.float32, runs, steps),
@@ -103,33 +153,44 @@ def w1(runs: int, steps: int, rows: list, torch_too: bool) -> None:
         # after its own floor measurement: the machine's speed drifts by 10-20% within
         # minutes, so each run is compared with the floor measured beside it (medians).
         af.simulate(model, x, t_end=DT, dt=DT, normalize=True)
-        rates, fractions = [], []
+        rates, fractions, cpu_fractions, cpu_rates = [], [], [], []
         for _ in range(ALTERNATIONS if backend == "fused" else 1):
-            floor_now = n_threads() / exp_floor() * 1e9
+            floor_now = n_threads() / exp_floor(dtype)[0] * 1e9
+            floor_cpu = 1e9 / exp_floor(dtype, time.thread_time)[0]  # per CPU second
+            cpu = time.process_time()
             traj = af.simulate(model, x, t_end=n_steps * DT, dt=DT, save_at=[n_steps * DT],
                                normalize=True)
+            cpu = time.process_time() - cpu
             rates.append(size * PAIRS * traj.n_evals / traj.wall_time)
             fractions.append(rates[-1] / floor_now)
+            cpu_rates.append(size * PAIRS * traj.n_evals / cpu)
+            cpu_fractions.append(cpu_rates[-1] / floor_cpu)
         rate = float(np.median(rates))
         finals[name] = traj.final
+        medians[name] = rate, float(np.median(cpu_rates))
         minutes = 3000 * 4 * runs * PAIRS / rate / 60  # t = 150: 3000 RK4 steps of all runs
         note = f"x{rate / textbook:.1f} textbook; t=150 in {minutes:.1f} min"
         if len(fractions) > 1:
             note += "; fractions of the floor beside each run: " + ", ".join(
                 f"{f:.3f}" for f in fractions)
+        note += ("; in CPU time (pairs per CPU second of the process over the floor's per "
+                 "CPU second of its thread): " + ", ".join(f"{f:.3f}" for f in cpu_fractions))
         if dtype == np.float32:
             err = np.abs(traj.final - finals["attnflow fused f64, RK4"]).max()
-            note += f"; max |x32 - x64| after {steps} steps = {err:.1e}"
+            wall64, cpu64 = medians["attnflow fused f64, RK4"]
+            note += (f"; **{rate / wall64:.2f}x the float64 rate** (in CPU time "
+                     f"{medians[name][1] / cpu64:.2f}x); max |x32 - x64| after {steps} steps "
+                     f"= {err:.1e}")
         rows.append(("W1", name, f"B={size}", rate, float(np.median(fractions)), note))
 
 
 W2_CHILD = """
 import json, resource, sys, time, numpy as np
-from attnflow.kernels import blocked, dense, torch as torch_kernel
-n, d, backend = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+from attnflow.kernels import blocked, dense
+n, d, backend, dtype = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 rng = np.random.default_rng(0)
-q, k, v = (rng.standard_normal((n, d)) / d ** 0.25 for _ in range(3))
-kernel = {"blocked": blocked.attend, "torch": torch_kernel.attend}[backend]
+q, k, v = ((rng.standard_normal((n, d)) / d ** 0.25).astype(dtype) for _ in range(3))
+kernel = {"blocked": blocked.attend}[backend]
 m = min(n, 2048)  # the dense check, at n = 2048 for the full size
 err = float(np.abs(kernel(q[:m], k[:m], v[:m], 1.0, "causal")
                    - dense.attend(q[:m], k[:m], v[:m], 1.0, "causal")).max())
@@ -177,7 +238,7 @@ def w5(runs: int, steps: int, rows: list, alternations: int = 5) -> None:
     seen: dict[str, dict[str, list]] = {name: {k: [] for k in keys} for name in variants}
     for _ in range(alternations):
         for name, (model, method, kw) in variants.items():
-            floor = n_threads() / exp_floor() * 1e9
+            floor = n_threads() / exp_floor()[0] * 1e9
             traj, cpu = run(model, method, kw)
             rate = runs * PAIRS * traj.n_evals / traj.wall_time
             steps_done = traj.integrator["n_steps"]
@@ -201,23 +262,78 @@ def w5(runs: int, steps: int, rows: list, alternations: int = 5) -> None:
                      float(np.median(mine["fraction"])), note))
 
 
-def w2(n: int, d: int, rows: list, torch_too: bool) -> None:
-    gemm = gemm_rate()
-    rows.append(("W2", "float64 GEMM rate (GFLOP/s, 2048^3)", "", gemm / 1e9, None, ""))
-    for backend in ("blocked", "torch") if torch_too else ("blocked",):
-        child = subprocess.run([sys.executable, "-c", W2_CHILD, str(n), str(d), backend],
-                               capture_output=True, text=True)
+def w2(n: int, d: int, rows: list) -> None:
+    """W2 in float64 and float32, each against the GEMM rate of its dtype."""
+    for dtype in ("float64", "float32"):
+        gemm = gemm_rate(np.dtype(dtype))
+        rows.append(("W2", f"{dtype} GEMM rate (GFLOP/s, 2048^3)", "", gemm / 1e9, None, ""))
+        what = f"blocked kernel, one causal field evaluation, {dtype}"
+        child = subprocess.run([sys.executable, "-c", W2_CHILD, str(n), str(d), "blocked",
+                                dtype], capture_output=True, text=True)
         if child.returncode != 0:
             why = (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]
-            rows.append(("W2", f"{backend} kernel, one causal field evaluation",
-                         f"n={n}, d={d}", float("nan"), None, f"failed: {why[:120]}"))
+            rows.append(("W2", what, f"n={n}, d={d}", float("nan"), None,
+                         f"failed: {why[:120]}"))
             continue
         res = json.loads(child.stdout)
         flops = 2 * n * n * d / res["wall"]
-        rows.append(("W2", f"{backend} kernel, one causal field evaluation", f"n={n}, d={d}",
-                     flops / 1e9, flops / gemm,
+        rows.append(("W2", what, f"n={n}, d={d}", flops / 1e9, flops / gemm,
                      f"{res['wall']:.2f} s; peak RSS {res['rss_mb']:.0f} MB; "
-                     f"max |{backend} - dense| at n={min(n, 2048)}: {res['err']:.1e}"))
+                     f"max |blocked - dense| at n={min(n, 2048)}: {res['err']:.1e}"))
+
+
+SDPA_REPEATS = {65536: 1}  # best of 3 below this size (the first call warms up)
+
+
+def sdpa(sizes: list[int], rows: list) -> None:
+    """The SDPA workload (module docstring): attnflow's "auto" kernel against torch's
+    scaled_dot_product_attention, alternating, on the same threads."""
+    torch = _torch()
+    if torch is None:
+        rows.append(("SDPA", "torch not installed", "", float("nan"), None, ""))
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(n_threads())
+    try:
+        for d, beta in ((64, 1.0), (2, BETA)):
+            for n in sizes:
+                for dtype in (np.float64, np.float32):
+                    x = (np.random.default_rng(0).standard_normal((n, d)) / d**0.25 if d > 2
+                         else uniform(n, d, seed=0)).astype(dtype)
+                    rows.append(_sdpa_row(torch, x, beta))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sdpa_row(torch, x: np.ndarray, beta: float) -> tuple:
+    """One SDPA row: X = x (n, d) through both, alternating, and their outputs compared."""
+    from attnflow.kernels import get_kernel
+
+    attend = get_kernel("auto")
+    n, d = x.shape
+    tx = torch.from_numpy(x).reshape(1, 1, n, d)
+
+    def ours():
+        return attend(x, x, x, beta, "causal")
+
+    def theirs():
+        return torch.nn.functional.scaled_dot_product_attention(tx, tx, tx, is_causal=True,
+                                                                scale=beta)
+
+    t_ours, t_theirs = [], []
+    for _ in range(SDPA_REPEATS.get(n, 3)):  # no warm-up: compiled at the smallest n
+        start = time.perf_counter()
+        got = ours()
+        t_ours.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        want = theirs()
+        t_theirs.append(time.perf_counter() - start)
+    err = np.abs(got - want.reshape(n, d).numpy()).max()
+    ratio = min(t_theirs) / min(t_ours)
+    return ("SDPA", f"causal, d={d}, beta={beta:g}, {x.dtype}", f"n={n}",
+            n * (n + 1) / 2 / min(t_ours), ratio,
+            f"attnflow {1e3 * min(t_ours):.1f} ms, SDPA {1e3 * min(t_theirs):.1f} ms: "
+            f"**{'faster' if ratio >= 1 else 'slower'}**; max |attnflow - SDPA| {err:.1e}")
 
 
 def w3(t_end: float, rk4_dts: list, rtols: dict, rows: list) -> list:
@@ -259,11 +375,13 @@ def w3(t_end: float, rk4_dts: list, rtols: dict, rows: list) -> list:
 
 def markdown(rows: list, table: list, command: str, seconds: float) -> str:
     lines = [f"## {datetime.datetime.now():%Y-%m-%d %H:%M}, `{command}`", "",
+             f"{describe()}.", "",
              f"Machine: {platform.machine()}, {n_threads()} threads used, "
              f"python {platform.python_version()}, numpy {np.__version__}; load average "
              f"at the end {', '.join(f'{x:.1f}' for x in _loadavg())} (a shared machine: "
              f"compare the ratios, not the absolute rates). Took {seconds:.0f} s.", "",
-             "| workload | what | size | rate | fraction of floor / GEMM | notes |",
+             "| workload | what | size | rate | fraction of floor / GEMM; SDPA: speed over "
+             "SDPA | notes |",
              "|---|---|---|---|---|---|"]
     for w, what, size, rate, frac, note in rows:
         frac_s = "" if frac is None else f"{frac:.3f}"
@@ -289,7 +407,14 @@ def _loadavg() -> tuple[float, ...]:
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
-    parser.add_argument("--only", default="W1,W2,W3,W5", help="comma-separated workloads")
+    parser.add_argument("--only", default="W1,W2,W3,W5,SDPA",
+                        help="comma-separated workloads")
+    parser.add_argument("--target", choices=("native", "avx2"), default="native",
+                        help="avx2: numba, numpy and torch run their AVX2 code (a child "
+                             "process; see benchmarks/machine.py)")
+    parser.add_argument("--sdpa-sizes", default=None,
+                        help="SDPA: comma-separated n (default 1024,4096,16384,65536; "
+                             "256,512 with --quick)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch rows")
     parser.add_argument("--runs", type=int, default=None,
                         help="runs of W1 and W5 (default 5000; 32 with --quick)")
@@ -301,6 +426,12 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--results", default=str(HERE / "RESULTS.md"),
                         help="Markdown file to append to ('' for none)")
     args = parser.parse_args(argv)
+    if args.target == "avx2" and os.environ.get("ATEN_CPU_CAPABILITY") != "avx2":
+        child = subprocess.run([sys.executable, __file__, *(argv or sys.argv[1:])],
+                               env={**os.environ, **AVX2_ENV}, capture_output=True, text=True)
+        if child.returncode != 0:
+            raise RuntimeError(f"--target avx2 child failed: {child.stderr[-2000:]}")
+        return child.stdout
     only = set(args.only.split(","))
     runs = args.runs or (32 if args.quick else 5000)
     steps = args.steps or (1 if args.quick else 10)
@@ -313,7 +444,10 @@ def main(argv: list[str] | None = None) -> str:
         w5(runs=runs, steps=steps, rows=rows,
            alternations=args.alternations or (2 if args.quick else 5))
     if "W2" in only:
-        w2(n=512 if args.quick else 65536, d=64, rows=rows, torch_too=not args.no_torch)
+        w2(n=512 if args.quick else 65536, d=64, rows=rows)
+    if "SDPA" in only and not args.no_torch:
+        sizes = args.sdpa_sizes or ("256,512" if args.quick else "1024,4096,16384,65536")
+        sdpa([int(n) for n in sizes.split(",")], rows)
     if "W3" in only:
         if args.quick:
             table = w3(2.0, [0.5], {"dopri5": [1e-6], "bdf": [1e-6]}, rows)

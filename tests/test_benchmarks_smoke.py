@@ -21,10 +21,31 @@ def load(name: str):
 def test_run_quick(tmp_path):
     results = tmp_path / "RESULTS.md"
     text = load("run").main(["--quick", "--no-torch", "--results", str(results)])
-    for row in ("| W1 | attnflow fused f64, RK4", "| W1 | baseline (a)", "| W2 | blocked kernel",
+    for row in ("| W1 | attnflow fused f64, RK4", "| W1 | attnflow fused f32, RK4",
+                "| W1 | floor: fastest exp x threads, float64 |",
+                "| W1 | floor: fastest exp x threads, float32 |", "| W1 | baseline (a)",
+                "| W2 | blocked kernel, one causal field evaluation, float64 |",
+                "| W2 | blocked kernel, one causal field evaluation, float32 |",
                 "| W3 | dopri5 vs RK4", "| W3 | bdf vs RK4", "| rk4 | dt=0.5 |"):
         assert row in text
+    assert "vector ISA " in text and "numba target " in text
     assert results.read_text() == "\n" + text
+
+
+def test_sdpa_quick():
+    pytest.importorskip("torch")
+    text = load("run").main(["--quick", "--only", "SDPA", "--sdpa-sizes", "256",
+                             "--results", ""])
+    for row in ("| SDPA | causal, d=64, beta=1, float64 | n=256 |",
+                "| SDPA | causal, d=64, beta=1, float32 | n=256 |",
+                "| SDPA | causal, d=2, beta=64, float64 | n=256 |",
+                "| SDPA | causal, d=2, beta=64, float32 | n=256 |"):
+        assert row in text
+
+
+def test_fused_floor_native():
+    text = load("fused_floor").main(["--target", "native", "--rounds", "1"])
+    assert "| float64 |" in text and "| float32 |" in text and "vector ISA " in text
 
 
 def test_gpu_script_on_cpu():

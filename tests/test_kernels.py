@@ -62,14 +62,30 @@ def test_unequal_head_sizes_and_broadcast(name):
         np.testing.assert_allclose(FAST[name](q, k, v, 2.0, mask, mem), want, rtol=0, atol=1e-12)
 
 
-def test_fused_exact_maximum_path_at_large_beta():
-    """beta |q| |k| beyond the safe spread: the fused kernel takes the exact row maximum."""
+@pytest.mark.parametrize("attention", ["self", "cross"])
+def test_fused_at_large_beta(attention):
+    """beta |q| |k| far beyond the safe spread. Self-attention (q = k, causal): the probe
+    key (the query's own) scores the Cauchy-Schwarz bound, so the bound stays the shift;
+    cross-attention: rows whose probe does not help take the exact row maximum, the others
+    the bound."""
     rng = np.random.default_rng(2)
     x = af.sphere.uniform((40, 30), 2, seed=rng)
-    beta = 400.0  # spread 2 beta = 800 > fused.SAFE_SPREAD[np.float64]
+    keys = x if attention == "self" else af.sphere.uniform((40, 30), 2, seed=rng)
+    beta = 400.0
     assert 2 * beta > fused.SAFE_SPREAD[np.float64]
-    want = dense.attend(x, x, x, beta, "causal")
-    np.testing.assert_allclose(fused.attend(x, x, x, beta, "causal"), want, rtol=0, atol=1e-12)
+    probe = beta * np.einsum("brc,brc->br", x, keys)  # causal: the last allowed key is own
+    spread = beta - probe  # U - L with |q| = |k| = 1
+    if attention == "cross":  # both paths taken
+        assert (spread > fused.SAFE_SPREAD[np.float64]).any()
+        assert (spread < fused.SAFE_SPREAD[np.float64]).any()
+    else:
+        assert np.abs(spread).max() < 1e-9
+    want = dense.attend(x, keys, x, beta, "causal")
+    np.testing.assert_allclose(fused.attend(x, keys, x, beta, "causal"), want, rtol=0,
+                               atol=1e-12)
+    got32 = fused.attend(*(a.astype(np.float32) for a in (x, keys, x)), beta, "causal")
+    # float32 rounding of the inputs (6e-8) amplified by beta |dscore| ~ 400 * 2 * 6e-8
+    assert np.abs(got32 - want).max() < 1e-3
 
 
 def test_blocked_exact_maximum_rows_beside_bounded_ones():

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
-from attnflow.family.text import layers_from_npz
 
 import attnflow as af
+from attnflow.family.text import layers_from_npz
 from attnflow.sphere import uniform
 from attnflow.sweeps import load_spec, parse_spec, sweep, sweep_status
 

@@ -15,7 +15,7 @@ from attnflow.brownian import BrownianPath
 from attnflow.family import Block, Model, Stack, segments
 from attnflow.implicit import IMPLICIT
 from attnflow.integrate import NOISY, Drift, Noise, check_solver_args, integrate
-from attnflow.kernels.fused import LANES
+from attnflow.kernels.fused import tile_runs
 from attnflow.manifolds import SPHERE
 from attnflow.sphere import inner
 from attnflow.trajectory import Trajectory
@@ -138,8 +138,9 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
                       euler=partial(layer.drift, kernel=kernel),
                       jacobian=layer.jacobian if layer.has_exact_jacobian else None,
                       splitting=layer.splitting(kernel), runs_independent=True)
+        runs = int(np.prod(x.shape[:-2], dtype=int))
         sol = integrate(drift, x, stops, method, dt, rtol, atol, report, manifold=manifold,
-                        noise=noise, t0=a, grain=LANES)
+                        noise=noise, t0=a, grain=tile_runs(x.dtype, runs))
         saved.extend(sol.states[: len(inside)])
         x = sol.states[-1]
         for key in work:

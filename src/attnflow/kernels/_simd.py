@@ -1,4 +1,5 @@
-"""`wide_vectors()`: let LLVM vectorise the calling numba function with 512-bit registers.
+"""`wide_vectors()`: let LLVM vectorise the calling numba function with 512-bit registers;
+`vector_bytes()`: the width of the vector registers that numba's code uses on this target.
 
 LLVM tunes AVX-512 CPUs to prefer 256-bit vectors (the "prefer-256-bit" tuning, from the
 clock throttling of early AVX-512 parts), so numba's auto-vectorised loops use half of the
@@ -16,10 +17,14 @@ the widest registers there are. It emits no code.
 
 from __future__ import annotations
 
+from functools import cache
+
+import llvmlite.binding as ll
 from numba import types
+from numba.core.registry import cpu_target
 from numba.extending import intrinsic
 
-__all__ = ["wide_vectors"]
+__all__ = ["vector_bytes", "wide_vectors"]
 
 ATTRIBUTES = ('"prefer-vector-width"="512"', '"min-legal-vector-width"="512"')
 
@@ -36,3 +41,30 @@ def wide_vectors(typingctx):
         return context.get_dummy_value()
 
     return types.none(), codegen
+
+
+# One 512-bit vector add with wide_vectors' attributes: the registers the code generator picks
+# for it are the widest of numba's target (its CPU name and features).
+_PROBE = """
+define void @probe(ptr %p) #0 {
+  %v = load <16 x float>, ptr %p
+  %w = fadd <16 x float> %v, %v
+  store <16 x float> %w, ptr %p
+  ret void
+}
+attributes #0 = { ATTRIBUTES }
+""".replace("ATTRIBUTES", " ".join(ATTRIBUTES))
+
+
+@cache
+def vector_bytes() -> int:
+    """Bytes of the widest vector registers in numba's compiled code for this process's
+    target: 64 with AVX-512, 32 with AVX2, 16 with SSE2 or NEON. Read from the code LLVM
+    emits for numba's own target machine (the host CPU, or NUMBA_CPU_NAME and
+    NUMBA_CPU_FEATURES), so it never names registers that the target lacks."""
+    module = ll.parse_assembly(_PROBE)
+    asm = cpu_target.target_context.codegen()._tm.emit_assembly(module)
+    for register, size in (("zmm", 64), ("ymm", 32)):
+        if f"%{register}" in asm:
+            return size
+    return 16

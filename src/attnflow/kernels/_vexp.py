@@ -9,13 +9,15 @@ arithmetic that LLVM vectorises inside a loop (AVX2/AVX-512 lanes):
 
 with n ln 2 subtracted in two parts (Cody & Waite, *Software Manual for the Elementary
 Functions*, 1980; the split constants of fdlibm's e_exp.c), exp(r) by a polynomial in Horner
-form with fused multiply-adds and 2^n built directly in the exponent bits. float64: n by the
-"shifter" trick (adding 1.5 * 2^52 rounds x / ln 2 to an integer held in the low bits of the
-sum, which also give 2^n's exponent: no round or convert instructions), and the degree-10
-interpolant of exp at the Chebyshev points of [-ln 2 / 2, ln 2 / 2] (near-minimax: error
-2.9e-16, computed in 40-digit arithmetic with mpmath; two multiply-adds fewer than the
-degree-12 Taylor polynomial of the same accuracy). float32: floor(x / ln 2 + 1/2) and the
-Taylor polynomial of degree 7 (truncation error below 1.3e-7).
+form with fused multiply-adds and 2^n built directly in the exponent bits. n by the
+"shifter" trick (adding 1.5 * 2^52, float64, or 1.5 * 2^23, float32, rounds x / ln 2 to an
+integer held in the low bits of the sum, which also give 2^n's exponent: no round or convert
+instructions, and integer work of the float's own width, so float32 keeps twice float64's
+lanes on AVX2 as on AVX-512). float64: the degree-10 interpolant of exp at the Chebyshev
+points of [-ln 2 / 2, ln 2 / 2] (near-minimax: error 2.9e-16, computed in 40-digit arithmetic
+with mpmath; two multiply-adds fewer than the degree-12 Taylor polynomial of the same
+accuracy). float32: the degree-6 Chebyshev interpolant (error 2.5e-9, 1.0e-7 evaluated in
+float32; one multiply-add fewer than the degree-7 Taylor polynomial it replaced).
 Inputs below the smallest normal result (-708.39 in float64, -87.33 in float32) and -inf
 return exactly 0: the kernels only exponentiate scores minus their row maximum (<= 0), where
 such terms are below rounding of the sum, and flushing them avoids the slow subnormal path
@@ -28,6 +30,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
@@ -52,38 +55,36 @@ MIN2_64 = -1022.0  # log2 of the smallest normal float64
 LOG2E_32 = np.float32(1.442695)
 LN2_HI_32 = np.float32(0.693359375)  # 355/512, exact in a few bits
 LN2_LO_32 = np.float32(-2.12194440e-4)  # ln 2 - 355/512 (Cephes expf)
-TAYLOR32 = tuple(np.float32(1.0 / math.factorial(i)) for i in range(8))
+SHIFTER_32 = np.float32(12582912.0)  # 1.5 * 2^23
+_CHEBYSHEV2_32 = (  # 2^f ~ sum_i c_i f^i on |f| <= 1/2 (interpolant at Chebyshev points)
+    1.0000000000000009, 0.6931472067028335, 0.24022650922288294, 0.05550327226668675,
+    0.009618056678553505, 0.00134004281782533, 0.00015461444693294768)
+POLY2_32 = tuple(np.float32(c) for c in _CHEBYSHEV2_32)
+POLY32 = tuple(np.float32(c / math.log(2) ** i)  # exp(r) = 2^(r / ln 2) on |r| <= ln 2 / 2
+               for i, c in enumerate(_CHEBYSHEV2_32))
 MIN32 = np.float32(-87.33654)  # log of the smallest normal float32
-POLY2_32 = tuple(np.float32(math.log(2) ** i / math.factorial(i)) for i in range(8))
 MIN2_32 = np.float32(-126.0)  # log2 of the smallest normal float32
 
 
 @intrinsic
-def _int_bits_as_float(typingctx, bits):
-    """Reinterpret the bits of an int64 (int32) as a float64 (float32)."""
-    if bits == types.int64:
-        target = types.float64
-    elif bits == types.int32:
-        target = types.float32
-    else:
+def _pow2_of_shifted(typingctx, shifted):
+    """2^n from shifted = SHIFTER + n (float64) / SHIFTER_32 + n (float32), |n| below the
+    exponent range: the bits of `shifted` are those of SHIFTER plus n; shifted left by the
+    mantissa width (52 / 23) only n's remain, in the exponent field (mod 2^64 / 2^32); adding
+    the exponent bias's gives the bits of 2^n. All in integers of the float's own width, so
+    that both dtypes stay in vector lanes of their width (numba's typing would widen int32
+    arithmetic to int64, which AVX2 can only convert from float32 one element at a time)."""
+    if not isinstance(shifted, types.Float) or shifted.bitwidth not in (32, 64):
         return None
+    bits, mantissa, bias = (64, 52, 1023) if shifted.bitwidth == 64 else (32, 23, 127)
 
     def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(target))
+        word = ir.IntType(bits)
+        n = builder.shl(builder.bitcast(args[0], word), ir.Constant(word, mantissa))
+        exponent = builder.add(n, ir.Constant(word, bias << mantissa))
+        return builder.bitcast(exponent, context.get_value_type(shifted))
 
-    return target(bits), codegen
-
-
-@intrinsic
-def _float_bits_as_int(typingctx, value):
-    """Reinterpret the bits of a float64 as an int64."""
-    if value != types.float64:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.int64))
-
-    return types.int64(value), codegen
+    return shifted(shifted), codegen
 
 
 @njit(fastmath=EXACT_FASTMATH, cache=True)
@@ -91,28 +92,29 @@ def _exp64(x):
     shifted = x * LOG2E + SHIFTER  # = 1.5 * 2^52 + n, n = round(x / ln 2)
     n = shifted - SHIFTER
     r = (x - n * LN2_HI) - n * LN2_LO
-    return _horner(POLY64, r) * _pow2_64(shifted) if x > MIN64 else 0.0
+    return _horner(POLY64, r) * _pow2_of_shifted(shifted) if x > MIN64 else 0.0
 
 
 @njit(fastmath=EXACT_FASTMATH, cache=True)
 def _exp2_64(y):
     shifted = y + SHIFTER  # = 1.5 * 2^52 + n, n = round(y)
     f = y - (shifted - SHIFTER)  # exact, |f| <= 1/2
-    return _horner(POLY2_64, f) * _pow2_64(shifted) if y > MIN2_64 else 0.0
+    return _horner(POLY2_64, f) * _pow2_of_shifted(shifted) if y > MIN2_64 else 0.0
 
 
 @njit(fastmath=EXACT_FASTMATH, cache=True)
 def _exp32(x):
-    n = np.floor(x * LOG2E_32 + np.float32(0.5))
+    shifted = x * LOG2E_32 + SHIFTER_32  # = 1.5 * 2^23 + n, n = round(x / ln 2)
+    n = shifted - SHIFTER_32
     r = (x - n * LN2_HI_32) - n * LN2_LO_32
-    return _horner(TAYLOR32, r) * _pow2_32(n) if x > MIN32 else np.float32(0.0)
+    return _horner(POLY32, r) * _pow2_of_shifted(shifted) if x > MIN32 else np.float32(0.0)
 
 
 @njit(fastmath=EXACT_FASTMATH, cache=True)
 def _exp2_32(y):
-    n = np.floor(y + np.float32(0.5))
-    f = y - n  # exact, |f| <= 1/2
-    return _horner(POLY2_32, f) * _pow2_32(n) if y > MIN2_32 else np.float32(0.0)
+    shifted = y + SHIFTER_32  # = 1.5 * 2^23 + n, n = round(y)
+    f = y - (shifted - SHIFTER_32)  # exact, |f| <= 1/2
+    return _horner(POLY2_32, f) * _pow2_of_shifted(shifted) if y > MIN2_32 else np.float32(0.0)
 
 
 @njit(fastmath=EXACT_FASTMATH, cache=True)
@@ -122,20 +124,6 @@ def _horner(coeffs, r):
     for c in coeffs[-2::-1]:
         p = p * r + c
     return p
-
-
-@njit(fastmath=EXACT_FASTMATH, cache=True)
-def _pow2_64(shifted):
-    """2^n from shifted = 1.5 * 2^52 + n: the bits of `shifted` are those of 1.5 * 2^52 plus
-    n; shifted left by 52 only n's remain, in the exponent field (mod 2^64); adding 1023's
-    gives the bits of 2^n."""
-    return _int_bits_as_float((_float_bits_as_int(shifted) << 52) + (1023 << 52))
-
-
-@njit(fastmath=EXACT_FASTMATH, cache=True)
-def _pow2_32(n):
-    """2^n for a float32 holding an integer n, built in the exponent bits."""
-    return _int_bits_as_float(np.int32((np.int64(n) + 127) << 23))  # numba widens int32 ops
 
 
 def vexp2(y: float) -> float:

@@ -1,11 +1,11 @@
 """Backend "auto": the fastest applicable numpy kernel for each call's shapes.
 
 Measured on the 2-core development machine: the fused kernel wins from about 8 runs on (its
-SIMD lanes are runs, 32 to a tile), as long as heads are small; the blocked kernel wins for
-fewer runs from about a hundred tokens (BLAS products, no n x n temporaries); the dense
-reference is fastest only for small ones, and takes the calls that need an option the others
-lack (`attnflow.kernels.options`). torch is never chosen automatically (it is optional; ask
-for backend="torch").
+SIMD lanes are runs, 32 to a tile in float64, 64 in float32), as long as heads are small;
+the blocked kernel wins for fewer runs from about a hundred tokens (BLAS products, no n x n
+temporaries); the dense reference is fastest only for small ones, and takes the calls that
+need an option the others lack (`attnflow.kernels.options`). torch is never chosen
+automatically (it is optional; ask for backend="torch").
 """
 
 from __future__ import annotations

@@ -26,11 +26,13 @@ float64 GEMM rate, counting 2 n^2 d flops):
   core busy);
 * no row maximum where a bound does: the scores of row i are at most B_i + t_i, with
   B_i = beta |q_i| max_j |k_j| (Cauchy-Schwarz) and t_i the largest offset (score bias,
-  memory log-weight) among the row's allowed keys, and its maximum is at least t_i - B_i.
-  If the spread 2 B_i is below `fused.SAFE_SPREAD`, no weight that matters underflows with
-  B_i + t_i as the shift, fixed from the start (softmax is shift-invariant): no rescaling,
-  and the exp pass is the only pass over S. Rows beyond it (huge beta) keep the exact
-  running maximum;
+  memory log-weight) among the row's allowed keys, and its maximum is at least L_i, the
+  larger of t_i - B_i and the score of the row's last allowed token (the probe: in
+  self-attention the query's own, which scores B_i itself). If the spread B_i + t_i - L_i is
+  below `fused.SAFE_SPREAD`, no weight that matters underflows with B_i + t_i as the shift,
+  fixed from the start (softmax is shift-invariant): no rescaling, and the exp pass is the
+  only pass over S. Rows beyond it (huge beta, cross-attention) keep the exact running
+  maximum;
 * exp is `vexp` (vectorised by LLVM with 512-bit registers, `_simd.wide_vectors`; no
   subnormal slow path), fused with the row sums.
 
@@ -168,9 +170,18 @@ def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
     # The Cauchy-Schwarz shift of each row, or -inf where the exact maximum is needed: row i's
     # scores are <= bound_i + top_i and its maximum >= top_i - bound_i (top_i: the largest
     # offset, score bias or memory log-weight, among its allowed keys).
+    # Its maximum is also at least the score of the row's last allowed token (in
+    # self-attention the query's own, which reaches the bound): the probe, -inf if forbidden.
     k_max = np.sqrt(max(np.einsum("ij,ij->i", a, a).max(initial=0) for a in (k, memory.k)))
     bound = np.sqrt(np.einsum("ij,ij->i", qb, qb)) * k_max
-    exact = (2 * bound > SAFE_SPREAD[dtype.type]) | (top_offset == -np.inf)
+    last = np.maximum(hi - 1, 0)
+    probe = np.einsum("ij,ij->i", qb, k[last])
+    if bias is not None:
+        probe = probe + bias[np.arange(n), last]
+    probe = np.where(hi > lo, probe, -np.inf)
+    with np.errstate(invalid="ignore"):  # rows without keys: -inf - -inf, exact anyway
+        spread = bound + top_offset - np.maximum(top_offset - bound, probe)
+    exact = ~(spread <= SAFE_SPREAD[dtype.type]) | (top_offset == -np.inf)
     shift = np.where(exact, -np.inf, bound + top_offset).astype(dtype)
     out = np.empty((n, f), dtype)
     blocks = -(-n // block)

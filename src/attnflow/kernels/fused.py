@@ -9,10 +9,12 @@ m memory keys:
 
 What makes it fast (benchmarks/RESULTS.md):
 * the masked half of the scores is never computed (a causal row i visits i + 1 keys, not n);
-* runs are the SIMD lanes: LANES runs are transposed into a lane-last tile (n, e, LANES), and
-  every inner loop runs over those lanes with a trip count fixed at compile time, so all of
-  them vectorise without remainder loops or horizontal reductions;
-* one row of scores for the tile (n + m, LANES) stays in L1/L2 cache instead of (B, n, n)
+* runs are the SIMD lanes: `tile_runs` runs, four vector registers of them (AVX-512: 32 in
+  float64, 64 in float32; AVX2: 16 and 32), are transposed into a lane-last tile
+  (n, e, lanes), and every inner loop runs over those lanes with a trip count fixed at
+  compile time, so all of them vectorise without remainder loops or horizontal reductions
+  (measured: two registers or eight ran 10-25% slower per pair than four, on both);
+* one row of scores for the tile (n + m, lanes) stays in L1/L2 cache instead of (B, n, n)
   temporaries being allocated every call;
 * scores are kept in base-2 units (log2 e folded into beta and the bias) so that the weight
   is `vexp2`, 2^s, one operation cheaper than exp (vectorised by LLVM, no subnormal slow
@@ -23,9 +25,12 @@ What makes it fast (benchmarks/RESULTS.md):
 Every mask: causal, full and ("window", w) as bands; boolean arrays as the band [0, n) plus
 an additive 0 / -inf bias. A float score bias (n, n) (ALiBi, `attnflow.kernels.options`)
 joins that additive bias; the fixed shift then takes each row's largest allowed bias into
-account, so the bias never forces the exact-maximum pass. float64 and float32 inputs are
-computed in their own dtype.
-With fewer runs than LANES the unused lanes are wasted work: `attnflow.kernels.auto` then
+account, so the bias never forces the exact-maximum pass. One pass per row where the
+Cauchy-Schwarz bound on the scores may be the shift: when the row's spread, the bound less
+the score of the row's last allowed key (in self-attention the query's own, which reaches
+the bound), is below SAFE_SPREAD (W1 at beta 64 in float32: spread 0, not 2 beta = 128 > 60).
+float64 and float32 inputs are computed in their own dtype.
+With fewer runs than a tile the unused lanes are wasted work: `attnflow.kernels.auto` then
 picks another kernel.
 """
 
@@ -37,18 +42,19 @@ import numpy as np
 from numba import njit
 
 from attnflow._checks import fail
-from attnflow.kernels._simd import wide_vectors
+from attnflow.kernels._simd import vector_bytes, wide_vectors
 from attnflow.kernels._vexp import vexp2
 from attnflow.kernels.masks import MaskSpec, mask_matrix
 from attnflow.kernels.options import check_options
 from attnflow.kernels.types import Memory, Normalization
 from attnflow.parallel import parallel_ranges
 
-__all__ = ["LANES", "SUPPORTS", "attend", "band", "row_top"]
+__all__ = ["LANES", "SUPPORTS", "attend", "band", "row_top", "tile_runs"]
 
 SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.options`)
 
-LANES = 32  # runs per SIMD tile
+LANES = 64  # runs per share of work that keeps whole tiles in every dtype (`tile_runs`)
+TILE_REGISTERS = 4  # vector registers of one coordinate of a tile (see the module docstring)
 # Largest spread of a row's scores for which the Cauchy-Schwarz bound may replace the row
 # maximum: exp(-spread - 37) (float64) / exp(-spread - 17) (float32) must stay normal.
 SAFE_SPREAD = {np.float64: 600.0, np.float32: 60.0}
@@ -95,6 +101,14 @@ def row_top(lo: np.ndarray, hi: np.ndarray, token_bias: np.ndarray | None,
     return np.maximum(top, log_weights.max(initial=-np.inf))
 
 
+def tile_runs(dtype: np.dtype | type, runs: int) -> int:
+    """Runs per SIMD tile of the kernel in `dtype` (float32 or float64) for a batch of `runs`:
+    TILE_REGISTERS vector registers (`_simd.vector_bytes`) of a coordinate, halved for
+    batches that would leave half of such a tile empty. Divides LANES."""
+    lanes = min(LANES, TILE_REGISTERS * vector_bytes() // np.dtype(dtype).itemsize)
+    return lanes // 2 if runs <= lanes // 2 else lanes
+
+
 @njit(cache=True)
 def _base2_bias(token_bias, lo, hi, log_weights, out, top):
     """out[:, :n] = log2(e) token_bias, out[:, n:] = log2(e) log_weights (every row), and
@@ -116,11 +130,11 @@ def _base2_bias(token_bias, lo, hi, log_weights, out, top):
 
 
 @cache
-def _compile(e: int, f: int, biased: bool):
-    """The kernel for head sizes e (queries/keys) and f (values), fixed at compile time so
-    the loops over them unroll and the lane loops vectorise; without a score bias (`biased`
-    False: no boolean mask, no memory) the exp loop skips adding it."""
-    lanes = LANES
+def _compile(e: int, f: int, biased: bool, lanes: int):
+    """The kernel for head sizes e (queries/keys) and f (values) and tiles of `lanes` runs,
+    fixed at compile time so the loops over them unroll and the lane loops vectorise;
+    without a score bias (`biased` False: no boolean mask, no memory) the exp loop skips
+    adding it."""
 
     @njit(nogil=True, fastmath=FASTMATH, cache=True)
     def kernel(q, k, v, mem_k, mem_v, bias, top, safe, lo, hi, beta, out, acc,
@@ -168,19 +182,26 @@ def _compile(e: int, f: int, biased: bool):
                 top_i = top[i if top.shape[0] > 1 else 0]  # the row's largest allowed bias
                 qi = qt[i]
                 width = hi[i] - lo[i]
-                # Shift: every score is <= beta |q_i| max|k_j| + top_i (Cauchy-Schwarz), and
-                # the row maximum >= top_i minus that bound; if the spread 2 beta |q_i|
-                # max|k_j| is small no weight that matters underflows and the bound replaces
-                # the row maximum (softmax is shift-invariant).
+                # Shift: every score is <= U = beta |q_i| max|k_j| + top_i (Cauchy-Schwarz),
+                # and the row maximum >= L, the larger of top_i - beta |q_i| max|k_j| and the
+                # score of one allowed key, the probe (the row's last: in self-attention the
+                # query's own, where L = U); if the spread U - L is small no weight that
+                # matters underflows and U replaces the row maximum (softmax is
+                # shift-invariant). A forbidden probe (boolean mask) scores -inf: no help.
                 spread = zero if top_i > -np.inf else np.inf  # -inf: no allowed key
+                probe = hi[i] - 1 if width > 0 else min(n, n + m - 1)  # (n: memory's first)
+                kp = kt[probe]
+                p0 = row[probe] if biased else zero
                 for l in range(lanes):
                     x = zero
+                    p = p0
                     for c in range(e):
                         x += qi[c, l] * qi[c, l]
+                        p += qi[c, l] * kp[c, l]
                     bound = np.sqrt(x) * k_max[l]
                     offset[l] = -(bound + top_i)
-                    spread = max(spread, 2 * bound)
-                if spread > safe:  # rare (huge beta): one more pass for the exact row maximum
+                    spread = max(spread, min(2 * bound, bound + top_i - p))
+                if spread > safe:  # rare: one more pass for the exact row maximum
                     offset[:] = np.inf
                     for r in range(width + m):  # r: allowed tokens lo[i].., then memory
                         j = lo[i] + r if r < width else n + r - width
@@ -256,15 +277,17 @@ def attend(
         _base2_bias(token_bias, lo, hi, np.asarray(memory.log_weights, np.float64), bias, top)
     out = np.empty((runs, n, f), dtype)
     if runs and n:
-        kernel = _compile(e, f, bool(token_bias is not None or len(memory.log_weights)))
+        lanes = tile_runs(dtype, runs)
+        kernel = _compile(e, f, bool(token_bias is not None or len(memory.log_weights)), lanes)
         args = (runs_first(q, e), runs_first(k, e), runs_first(v, f), mem_k, mem_v, bias, top,
                 SAFE_SPREAD[dtype.type] * LOG2E, lo, hi, dtype.type(beta * LOG2E), out)
-        tiles = -(-runs // LANES)
+        tiles = -(-runs // lanes)
+
         def run(t0: int, t1: int) -> None:
             # sum_r w_r v_rc for each c: separate arrays, so LLVM vectorises each row's update
-            acc = tuple(np.empty(LANES, dtype) for _ in range(f))
+            acc = tuple(np.empty(lanes, dtype) for _ in range(f))
             kernel(*args, acc, t0, t1)
 
         parallel_ranges(run, tiles,
-                        cost=tiles * LANES * n * bias.shape[1] * (e + f + 8))
+                        cost=tiles * lanes * n * bias.shape[1] * (e + f + 8))
     return out.reshape(*lead, n, f)
