@@ -38,12 +38,15 @@ ACTIVATIONS = (*GATED, "gelu", "relu")
 
 def _act(name: str, z: np.ndarray) -> np.ndarray:
     """The activation sigma(z), elementwise (z may be overwritten: pass a temporary): the
-    values of `_act_derivative`'s first output, bit for bit, without its derivative's passes
-    over z."""
+    values of `_act_derivative`'s first output without its derivative's passes over z, bit
+    for bit but for silu, z / (1 + e^-z) here (numpy's vectorised exp: 2-5 times faster than
+    z expit(z), equal to it within 4 ulp)."""
     if name == "swiglu":
-        s = expit(z)
-        s *= z
-        return s
+        s = np.negative(z)
+        with np.errstate(over="ignore"):  # e^-z = inf for z << 0: silu(z) = -0
+            np.exp(s, out=s)
+        s += 1
+        return np.divide(z, s, out=s)
     if name == "geglu":
         t = np.tanh(_C * (z + 0.044715 * z**3))
         t += 1
