@@ -1,6 +1,6 @@
 """W6: one decoder block with an MLP against the GEMM floor (issue 20).
 
-    python benchmarks/w6.py                  # n = 4096, float32 and float64 (about 2 min)
+    python benchmarks/w6.py                  # n = 4096, float32 and float64 (about 1 min)
     python benchmarks/w6.py --quick          # n = 512, seconds
     python benchmarks/w6.py --profile        # also where one float64 step's time goes
 
