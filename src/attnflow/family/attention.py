@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import describe, fail, finite_array, nonnegative
-from attnflow.family.heads import Head, QKNorm, check_head, common_dimension
+from attnflow.family.heads import Head, QKNorm, StackedHeads, check_head, common_dimension
 from attnflow.family.jacobian import head_jacobian
 from attnflow.family.positional import (
     Encoding,
@@ -102,8 +102,9 @@ class SelfAttention:
                 raise fail(f"heads[{h}]", "a (Q, K, V) triple or a (Q, K, V, O) quadruple",
                            repr(head)[:80])
         self.d = common_dimension(raw, memory)
-        self.heads: list[tuple[np.ndarray | None, ...]] = [
-            check_head(head, self.d, None if single else h) for h, head in enumerate(raw)]
+        self._stacked = StackedHeads([check_head(head, self.d, None if single else h)
+                                      for h, head in enumerate(raw)])
+        self.heads: list[tuple[np.ndarray | None, ...]] = self._stacked.heads
         self.memory = None if memory is None else _check_memory(memory, self.d)
         for e in encodings:
             if not isinstance(e, Encoding):
@@ -244,32 +245,31 @@ class SelfAttention:
         kernel = get_kernel(self.backend) if kernel is None else kernel
         n = u.shape[-2]
         positions = np.arange(n, dtype=float)
-        out = None
-        cache: dict[tuple[int, str], np.ndarray] = {}  # shared K, V of grouped-query heads
+        projected = self._stacked.project(u)  # u M^T of every distinct Q, K, V: one GEMM
+
+        def product(M: np.ndarray | None) -> np.ndarray:
+            return u if M is None else projected[id(M)]
+
+        ys = []
+        keys: dict[int, np.ndarray] = {}  # shared K of grouped-query heads, rotated once
         for h, head in enumerate(self.heads):
             Q, K, V = head[:3]
-            q = self._query_key(u, Q, positions, "q")
+            q = self._query_key(product(Q), positions, "q")
             if K is Q:  # queries and keys are normalised and rotated alike: Q = K gives k = q
-                cache[(id(K), "k")] = q
-            k = cache.get((id(K), "k"))
+                keys[id(K)] = q
+            k = keys.get(id(K))
             if k is None:
-                k = cache[(id(K), "k")] = self._query_key(u, K, positions, "k")
-            v = cache.get((id(V), "v"))
-            if v is None:
-                v = cache[(id(V), "v")] = u if V is None else u @ V.T
-            y = kernel(q, k, v, self.beta, self.mask, self._memory(K, V),
-                       bias=self.score_bias(n, h), normalization=self.normalization)
-            if len(head) == 4:
-                y = y @ head[3].T
-            out = y if out is None else out + y
+                k = keys[id(K)] = self._query_key(product(K), positions, "k")
+            ys.append(kernel(q, k, product(V), self.beta, self.mask, self._memory(K, V),
+                             bias=self.score_bias(n, h), normalization=self.normalization))
+        out = self._stacked.combine(ys)
         if self.combine == "mean" and len(self.heads) > 1:
             out = out / len(self.heads)
         return out
 
-    def _query_key(self, u: np.ndarray, M: np.ndarray | None, positions: np.ndarray,
-                   which: str) -> np.ndarray:
-        """Queries (which = "q") or keys ("k") of one head: M u, QK-normed, rotated."""
-        x = u if M is None else u @ M.T
+    def _query_key(self, x: np.ndarray, positions: np.ndarray, which: str) -> np.ndarray:
+        """Queries (which = "q") or keys ("k") of one head from x = u M^T: QK-normed,
+        rotated."""
         if self.qk_norm is not None:
             x = (self.qk_norm.q if which == "q" else self.qk_norm.k)(x)
         for e in self.encodings:
@@ -316,8 +316,8 @@ class SelfAttention:
         n = u.shape[-2]
         positions = np.arange(n, dtype=float)
         Q, K, V = self.heads[head][:3]
-        q = self._query_key(u, Q, positions, "q")
-        k = self._query_key(u, K, positions, "k")
+        q, k = (self._query_key(u if M is None else u @ M.T, positions, which)
+                for M, which in ((Q, "q"), (K, "k")))
         return attention_weights(q, k, self.beta, self.mask, self._memory(K, V),
                                  bias=self.score_bias(n, head),
                                  normalization=self.normalization)

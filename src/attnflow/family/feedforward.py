@@ -36,7 +36,31 @@ GATED = ("swiglu", "geglu")
 ACTIVATIONS = (*GATED, "gelu", "relu")
 
 
-def _act(name: str, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _act(name: str, z: np.ndarray) -> np.ndarray:
+    """The activation sigma(z), elementwise (z may be overwritten: pass a temporary): the
+    values of `_act_derivative`'s first output without its derivative's passes over z, bit
+    for bit but for silu, z / (1 + e^-z) here (numpy's vectorised exp: 2-5 times faster than
+    z expit(z), equal to it within 4 ulp)."""
+    if name == "swiglu":
+        s = np.negative(z)
+        with np.errstate(over="ignore"):  # e^-z = inf for z << 0: silu(z) = -0
+            np.exp(s, out=s)
+        s += 1
+        return np.divide(z, s, out=s)
+    if name == "geglu":
+        t = np.tanh(_C * (z + 0.044715 * z**3))
+        t += 1
+        t *= z
+        t *= 0.5
+        return t
+    if name == "gelu":
+        cdf = 0.5 * (1 + erf(z / np.sqrt(2.0)))
+        cdf *= z
+        return cdf
+    return np.maximum(z, 0, out=z)
+
+
+def _act_derivative(name: str, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The activation sigma(z) and its derivative sigma'(z), elementwise."""
     if name == "swiglu":
         s = expit(z)
@@ -121,18 +145,19 @@ class MLP(Part):
         dt = u.dtype
         z = u @ self.W_up.T.astype(dt, copy=False)
         if self.W_gate is None:
-            hidden = _act(self.activation, z)[0]
+            hidden = _act(self.activation, z)
         else:
-            hidden = _act(self.activation, u @ self.W_gate.T.astype(dt, copy=False))[0] * z
+            hidden = _act(self.activation, u @ self.W_gate.T.astype(dt, copy=False))
+            hidden *= z
         return hidden @ self.W_down.T.astype(dt, copy=False)
 
     def jacobian(self, u: np.ndarray) -> np.ndarray:
         """dm/du per token: (..., n, d, d)."""
         z = u @ self.W_up.T
         if self.W_gate is None:
-            ds = _act(self.activation, z)[1]
+            ds = _act_derivative(self.activation, z)[1]
             return np.einsum("ak,...k,kb->...ab", self.W_down, ds, self.W_up)
-        s, ds = _act(self.activation, u @ self.W_gate.T)
+        s, ds = _act_derivative(self.activation, u @ self.W_gate.T)
         # d/du [sigma(G u) * (U u)] = diag(sigma'(G u) * U u) G + diag(sigma(G u)) U
         return (np.einsum("ak,...k,kb->...ab", self.W_down, ds * z, self.W_gate)
                 + np.einsum("ak,...k,kb->...ab", self.W_down, s, self.W_up))

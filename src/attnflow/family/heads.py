@@ -6,6 +6,8 @@ head size e (Q, K of shape (e, d); None is the identity, e = d), values v = u V^
 matrices V is (d, d) and the head's output is sum_j w_ij v_j; with four, V is (f, d) and O
 (d, f): the output is O sum_j w_ij v_j, the factored W_O^h W_V^h of a trained model (cheaper
 when f < d). Heads that share a K or V array (grouped-query attention) compute it once.
+`StackedHeads` stores a sublayer's matrices as blocks of one matrix per dtype, so that all
+queries, keys and values come from one GEMM and all factored outputs from one more.
 
 QK-norm (Gemma 3, OLMo 2) applies an RMSNorm with a gain to every head's queries and keys
 before the positional rotation: q <- g_q * q / sqrt(mean(q^2) + eps), likewise k.
@@ -13,6 +15,7 @@ before the positional rotation: q <- g_q * q / sqrt(mean(q^2) + eps), likewise k
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,7 +25,7 @@ from attnflow._checks import describe, fail, finite_array, nonnegative, square_m
 from attnflow.family.norms import RMSNorm
 from attnflow.family.parts import Part, register
 
-__all__ = ["Head", "QKNorm", "check_head", "common_dimension"]
+__all__ = ["Head", "QKNorm", "StackedHeads", "check_head", "common_dimension"]
 
 Head = tuple[Any, ...]
 
@@ -131,3 +134,71 @@ def common_dimension(heads: list[Head], memory: Any) -> int | None:
         raise fail("Q, K, V, memory", "matrices and memory points of one dimension d",
                    f"dimensions {sorted(dims)}")
     return dims.pop() if dims else None
+
+
+class StackedHeads:
+    """Checked heads (`check_head`) whose matrices are views of stacked ones, one per dtype:
+    the distinct Q, K, V matrices (an array shared by grouped-query heads counted once) as
+    blocks of rows of one (sum of rows, d) matrix, the O matrices of the factored heads as
+    blocks of columns of one (d, sum of f) matrix. Then `project` is one GEMM per dtype for
+    every head's queries, keys and values, and `combine` one GEMM per dtype for every factored
+    head's output (at SmolLM2's shapes, head size 64, nine thin GEMMs took about twice the
+    time of one wide one: benchmarks/w6.py). `heads` are the heads with those views (shared
+    arrays stay shared); identities (None) stay None.
+    """
+
+    def __init__(self, heads: Sequence[tuple[np.ndarray | None, ...]]) -> None:
+        distinct = {id(m): m for head in heads for m in head[:3] if m is not None}
+        self.inputs = _stacks(list(distinct.items()), axis=0)
+        view = {key: v for _, members in self.inputs for key, v in members}
+        factored = [(h, head[3]) for h, head in enumerate(heads) if len(head) == 4]
+        self.outputs = _stacks(factored, axis=1)
+        o_view = {h: v for _, members in self.outputs for h, v in members}
+        self.heads: list[tuple[np.ndarray | None, ...]] = [
+            tuple(None if m is None else view[id(m)] for m in head[:3])
+            + ((o_view[h],) if len(head) == 4 else ()) for h, head in enumerate(heads)]
+
+    def project(self, u: np.ndarray) -> dict[int, np.ndarray]:
+        """u M^T (..., n, rows of M) for every matrix M among the heads' Q, K, V, keyed by
+        id(M) (M as in `heads`): column blocks of one product per dtype."""
+        out = {}
+        for W, members in self.inputs:
+            p = u @ W.T
+            start = 0
+            for _, v in members:
+                out[id(v)] = p[..., start:start + v.shape[0]]
+                start += v.shape[0]
+        return out
+
+    def combine(self, ys: Sequence[np.ndarray]) -> np.ndarray:
+        """The sum over heads of their outputs, given their attention-weighted values ys:
+        O_h y_h for the factored heads (one product per dtype of the y_h side by side with
+        the stacked O), y_h for the others."""
+        factored = {h for _, members in self.outputs for h, _ in members}
+        out = None
+        for h, y in enumerate(ys):
+            if h not in factored:
+                out = y if out is None else out + y
+        for W, members in self.outputs:
+            y = np.concatenate([ys[h] for h, _ in members], axis=-1) @ W.T
+            out = y if out is None else out + y
+        return out
+
+
+def _stacks(items: list[tuple[Hashable, np.ndarray]], axis: int
+            ) -> list[tuple[np.ndarray, list[tuple[Hashable, np.ndarray]]]]:
+    """Per dtype among the (key, matrix) items, in order: the matrices concatenated along
+    `axis` (W) and each item's key with its block of W (a view)."""
+    groups: dict[np.dtype, list[tuple[Hashable, np.ndarray]]] = {}
+    for key, m in items:
+        groups.setdefault(m.dtype, []).append((key, m))
+    stacks = []
+    for group in groups.values():
+        W = np.concatenate([m for _, m in group], axis=axis)
+        members, start = [], 0
+        for key, m in group:
+            stop = start + m.shape[axis]
+            members.append((key, W[start:stop] if axis == 0 else W[:, start:stop]))
+            start = stop
+        stacks.append((W, members))
+    return stacks
