@@ -120,7 +120,7 @@ def _causal_claim(rows, params) -> Claim:
             for r, s in zip(rows, share["softmax"]))
         + f" ({runs} runs each; best: (d={rows[best]['d']}, n={rows[best]['n']}, "
         f"beta={rows[best]['beta']:g}), {falling[best]}/{runs}, family-wise 95 % interval "
-        f"from {low[best]:.3f}); largest relative fall below the running maximum: " + ", ".join(
+        f"from {low[best]:.4f}); largest relative fall below the running maximum: " + ", ".join(
             f"{a} {v:.2%}" for a, v in fall.items())
         + f"; unnormalised: falls in {np.mean(share['unnormalised'] > 0):.0%} of the settings",
         values={"best_share_low": low[best], "falling_runs": int(falling.sum())},
