@@ -177,6 +177,23 @@ CASES: list[tuple[str, list[str], str]] = [
      "--set"),
     ("reproduce set unknown key", ["reproduce", "fig2", "--set", "fig2.nn=3", "--out",
                                    "{out}/r"], "nn"),
+    # ---- trace
+    ("trace unknown model", ["trace", "qwen2", "--text", "hi", "--out", "{out}/t.zarr"],
+     "qwen2"),
+    ("trace missing file", ["trace", "{in}/missing.gguf", "--text", "hi", "--out",
+                            "{out}/t.zarr"], "missing.gguf"),
+    ("trace no text", ["trace", "{in}/missing.gguf", "--out", "{out}/t.zarr"],
+     "--text/--token-ids"),
+    ("trace ids text", ["trace", "{in}/missing.gguf", "--token-ids", "1,a", "--out",
+                        "{out}/t.zarr"], "--token-ids"),
+    ("trace out suffix", ["trace", "{in}/missing.gguf", "--text", "hi", "--out",
+                          "{out}/t.nc"], "--out"),
+    # ---- simulate: the family's parts
+    ("simulate mlp text", ["simulate", "--mlp", "swish:4", "--out", "{out}/r.nc"], "--mlp"),
+    ("simulate qk-norm text", ["simulate", "--qk-norm", "l2", "--out", "{out}/r.nc"],
+     "--qk-norm"),
+    ("simulate layers missing run", ["simulate", "--layers", "{in}/missing.nc",
+                                                 "--out", "{out}/r.nc"], "--layers"),
     # ---- the command group
     ("unknown command", ["simulat"], "simulat"),
 ]
