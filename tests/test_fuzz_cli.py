@@ -193,7 +193,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("simulate qk-norm text", ["simulate", "--qk-norm", "l2", "--out", "{out}/r.nc"],
      "--qk-norm"),
     ("simulate layers missing run", ["simulate", "--layers", "{in}/missing.nc",
-                                                 "--out", "{out}/r.nc"], "--layers"),
+                                     "--out", "{out}/r.nc"], "--layers"),
     # ---- the command group
     ("unknown command", ["simulat"], "simulat"),
 ]
