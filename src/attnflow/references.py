@@ -54,6 +54,12 @@ REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
     Reference("2607.24502", "Self-Attention Dynamics with Rotary Position Embeddings", None),
     Reference("2605.09213", "Kinetic theory for Transformers and the lost-in-the-middle "
               "phenomenon", None),
+    Reference("2410.10781", "When Attention Sink Emerges in Language Models: An Empirical View",
+              ("X. Gu", "T. Pang", "C. Du", "Q. Liu", "F. Zhang", "C. Du", "Y. Wang",
+               "M. Lin"), "ICLR 2025"),
+    Reference("1909.00512", "How Contextual are Contextualized Word Representations? "
+              "Comparing the Geometry of BERT, ELMo, and GPT-2 Embeddings", ("K. Ethayarajh",),
+              "EMNLP 2019"),
 )}
 
 _PAPER_RECIPES = ("thm41", "atlas", "fig2", "fig3", "parking", "scaling", "lemma51", "frozen",
@@ -65,6 +71,11 @@ RECIPE_REFERENCES: dict[str, tuple[str, ...]] = {
     "energy": ("2312.10794", "2512.01868"),
     "longcontext": ("2510.05554",),
     "meanfield": ("2410.23228", "2410.06833"),
+    "depth": ("2410.10781", "1909.00512", SEED),
+    # looped checks Rodríguez Abella, Silvestre and Tabuada (ICML 2025, "Consensus is all you
+    # get"; its arXiv id is not recorded here) on Theorem 4.1's causal setting
+    "looped": (SEED,),
+    "ladder": (SEED,),
 }
 
 

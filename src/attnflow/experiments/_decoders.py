@@ -18,7 +18,16 @@ import numpy as np
 
 from attnflow.experiments.realmodel import PARAGRAPH
 
-__all__ = ["PARAGRAPH", "install_hint", "load", "loop"]
+__all__ = ["NAMES", "PARAGRAPH", "install_hint", "label", "load", "loop"]
+
+#: The names the report gives the installed weight packages (their files' own names are
+#: training-run labels).
+NAMES = {"smollm2": "SmolLM2-135M-Instruct", "gemma3-270m": "Gemma 3 270M"}
+
+
+def label(model: str, parsed: Any) -> str:
+    """The report's name of `model` (a package name or a path) once parsed."""
+    return NAMES.get(model, parsed.name)
 
 
 def install_hint(name: str) -> str:

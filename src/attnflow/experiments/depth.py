@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.experiments._decoders import PARAGRAPH, install_hint, load
+from attnflow.experiments._decoders import PARAGRAPH, install_hint, label, load
 from attnflow.experiments._ledger import claim, not_run
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 
@@ -89,11 +89,11 @@ def _run(params: dict[str, Any], out: Path, progress: Progress) -> Output:
             run_ = forward(model, ids, attention=True, logits="none", mlp=mlp)
             b = battery(run_.hidden, run_.attention, tol=params["tol"], delta=params["delta"])
             per[net] = _summary(b)
-            claims += _claims(per[net], model.name, LABELS[net], len(ids))
+            claims += _claims(per[net], label(name, model), LABELS[net], len(ids))
         per["n_tokens"] = len(ids)
         per["n_layers"] = model.config.n_layers
         per["cpu_s"] = time.process_time() - start
-        results[model.name] = per
+        results[label(name, model)] = per
         progress((i + 1) / len(models))
     claims += [not_run(id, MINILM_WHY, model=MINILM, network="encoder", n_tokens="-")
                for id in CLAIMS]

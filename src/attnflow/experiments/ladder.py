@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.experiments._decoders import PARAGRAPH, install_hint, load
+from attnflow.experiments._decoders import PARAGRAPH, install_hint, label, load
 from attnflow.experiments._ledger import claim, entry, not_run
 from attnflow.experiments._recipe import Output, Progress, save_figure
 
@@ -54,7 +54,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
         return Output({}, [not_run(ID, why, rung=r, n_tokens="-", depth="-") for r in RUNGS],
                       notes=[f"Not run: {params['model']} {why}."])
     with _blas_on_one_thread():  # small matrices: one BLAS thread (as realmodel)
-        return _run(model, params, out, progress)
+        return _run(model, label(params["model"], model), params, out, progress)
 
 
 def value_identity(block: Any) -> Any:
@@ -97,7 +97,8 @@ def trajectory(m: Any, x0: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarr
     return states, patterns
 
 
-def _run(model: Any, params: dict[str, Any], out: Path, progress: Progress) -> Output:
+def _run(model: Any, name: str, params: dict[str, Any], out: Path,
+         progress: Progress) -> Output:
     from attnflow.analysis.depth import battery
 
     ids = model.token_ids(PARAGRAPH)[: params["n_tokens"]]
@@ -129,14 +130,14 @@ def _run(model: Any, params: dict[str, Any], out: Path, progress: Progress) -> O
             rung=rung, n_tokens=len(ids), depth=depth))
         progress((i + 1) / len(RUNGS))
     holds = [c.verdict for c in claims]
-    figures = [save_figure(_figure(results, holds, model.name), out, "ladder.png")]
-    notes = [f"{model.name}: {len(ids)} tokens of the paragraph, {depth} layers at every rung "
+    figures = [save_figure(_figure(results, holds, name), out, "ladder.png")]
+    notes = [f"{name}: {len(ids)} tokens of the paragraph, {depth} layers at every rung "
              f"(Euler, dt = 1); the tied rung repeats layer "
              f"{depth // 2 if params['tied_layer'] is None else params['tied_layer']}; the "
              f"theorem's rung at beta = {params['beta']:g}.",
              "CPU seconds by rung: " + ", ".join(f"{k} {v['cpu_s']:.1f}"
                                                  for k, v in results.items()) + "."]
-    return Output({"model": model.name, "n_tokens": len(ids), "depth": depth,
+    return Output({"model": name, "n_tokens": len(ids), "depth": depth,
                    "rungs": results, "verdicts": dict(zip(RUNGS, holds))}, claims, figures,
                   notes)
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.experiments._decoders import PARAGRAPH, install_hint, load, loop
+from attnflow.experiments._decoders import PARAGRAPH, install_hint, label, load, loop
 from attnflow.experiments._ledger import claim, not_run
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 
@@ -82,25 +82,25 @@ def _run(params: dict[str, Any], out: Path, progress: Progress) -> Output:
             continue
         ids = model.token_ids(PARAGRAPH)[: params["n_tokens"]]
         per: dict[str, Any] = {"n_tokens": len(ids), "n_layers": model.config.n_layers}
-        for label, mlp in VARIANTS.items():
+        for variant, mlp in VARIANTS.items():
             start = time.process_time()
             stack = decoder_stack(model, mlp=mlp)
             states = loop(stack, model.embed(ids), passes,
                           lambda f, k=done: progress((k + f) / jobs))
-            per[label] = curves(states)
-            per[label]["cpu_s"] = time.process_time() - start
+            per[variant] = curves(states)
+            per[variant]["cpu_s"] = time.process_time() - start
             done += 1
-        results[model.name] = per
-        claims += _claims(per, model.name, passes)
+        results[label(name, model)] = per
+        claims += _claims(per, label(name, model), passes)
     figures = [save_figure(_figure(results, passes), out, "looped_curves.png")] \
         if results else []
     for name, per in results.items():
-        for label in VARIANTS:
-            c = per[label]
+        for variant in VARIANTS:
+            c = per[variant]
             at = ", ".join(f"{p}: gap {c['consensus_gap'][p]:.3g}, pairwise "
                            f"{c['mean_pairwise_cosine'][p]:.3f}"
                            for p in sorted({1, min(10, passes), min(WITHIN, passes), passes}))
-            notes.append(f"{name}, {label}, {per['n_tokens']} tokens, {per['n_layers']} layers "
+            notes.append(f"{name}, {variant}, {per['n_tokens']} tokens, {per['n_layers']} layers "
                          f"a pass: after pass {at} ({c['cpu_s']:.1f} s of CPU).")
     return Output({"models": results, "passes": passes}, claims, figures, notes)
 
@@ -138,9 +138,9 @@ def _figure(results: dict[str, Any], passes: int) -> Figure:
     colors = ("tab:blue", "tab:orange", "tab:green", "tab:red")
     p = np.arange(passes + 1)
     for color, (name, per) in zip(colors, results.items()):
-        for label, ls in zip(VARIANTS, ("-", "--")):
+        for variant, ls in zip(VARIANTS, ("-", "--")):
             for ax, key in zip(axes, MEASURES):
-                ax.plot(p, per[label][key], color=color, ls=ls, label=f"{name}, {label}")
+                ax.plot(p, per[variant][key], color=color, ls=ls, label=f"{name}, {variant}")
     for ax, key in zip(axes, MEASURES):
         ax.set(title=titles[key], xlabel="pass (0: the embeddings)")
         if key in ("consensus_gap", "norm_spread"):
