@@ -41,7 +41,7 @@ NETWORKS = {"real": True, "twin": False}  # name -> mlp
 LABELS = {"real": "real network (with MLP)", "twin": "idealised twin (no MLP)"}
 CLAIMS = ("depth.sink", "depth.anisotropy", "depth.first_token")
 MINILM = "all-MiniLM-L6-v2"
-MINILM_WHY = ("not run: attnflow has no forward pass for Hugging Face encoders (it reads "
+MINILM_WHY = ("attnflow has no forward pass for Hugging Face encoders (it reads "
               "MiniLM's weights for their spectra only)")
 
 # The figures: one per diagnostic, (key of the battery, title, y scale).
@@ -97,7 +97,7 @@ def _run(params: dict[str, Any], out: Path, progress: Progress) -> Output:
         progress((i + 1) / len(models))
     claims += [not_run(id, MINILM_WHY, model=MINILM, network="encoder", n_tokens="-")
                for id in CLAIMS]
-    notes.append(f"{MINILM}: {MINILM_WHY}.")
+    notes.append(f"{MINILM}: not run: {MINILM_WHY}.")
     figures = [save_figure(_figure(results, key, title, scale, params), out,
                            f"depth_{key}.png") for key, title, scale in PANELS] \
         if results else []
@@ -130,13 +130,15 @@ def _summary(b: dict[str, np.ndarray]) -> dict[str, Any]:
 def _claims(s: dict[str, Any], model: str, network: str, n: int) -> list[Claim]:
     f = {"model": model, "network": network, "n_tokens": n}
 
-    def curve(x: list[float]) -> str:
+    def curve(x: list[float], first: int = 0) -> str:
+        """Values at the start, middle and end, labelled from `first` (states: 0 is the
+        embeddings; layers' attention: 1 is the first layer)."""
         picks = sorted({0, len(x) // 2, len(x) - 1})
-        return ", ".join(f"{i}: {x[i]:.2f}" for i in picks)
+        return ", ".join(f"{i + first}: {x[i]:.2f}" for i in picks)
 
     return [
         claim("depth.sink", measured=f"sink rate {s['sink_rate_from_layer_2']:.2f} over the "
-              f"heads of layers 2..{len(s['sink_rate'])}; by layer {curve(s['sink_rate'])}",
+              f"heads of layers 2..{len(s['sink_rate'])}; by layer {curve(s['sink_rate'], 1)}",
               values={"sink_rate": s["sink_rate_from_layer_2"]}, **f),
         claim("depth.anisotropy", measured=f"mean pairwise cosine by layer "
               f"{curve(s['mean_pairwise_cosine'])} (rise {s['rise']:+.2f})",

@@ -153,7 +153,8 @@ def _figure(results: dict[str, Any], verdicts: list[str], name: str) -> Figure:
                  label="mean over tokens")
     for c, ls in zip((*e.reproduced, *e.partly), (":", "-.")):
         axes[0].axhline(c.threshold, color="0.4", lw=0.8, ls=ls, label=f"criterion {c.text()}")
-    axes[0].set_xticks(x, [f"{r}\n({v})" for r, v in zip(RUNGS, verdicts)], fontsize=7)
+    ticks = ["\n(".join(r.split(" (", 1)) + f"\n[{v}]" for r, v in zip(RUNGS, verdicts)]
+    axes[0].set_xticks(x, ticks, fontsize=7)
     axes[0].set(title="cos(final direction, x_1(0)) at each rung", ylim=(-1.05, 1.05))
     axes[0].legend(fontsize=7)
     for ax, key, title in ((axes[1], "mean_cos_x1_0", "mean cos(x_k, x_1(0)) through depth"),

@@ -114,16 +114,23 @@ def _claims(per: dict[str, Any], model: str, passes: int) -> list[Claim]:
               "keeps_falling": bool(gap[-1] <= gap[-1 - FALLING]),
               "fall_ratio": float(gap[at] / gap[0])}
     pair = float(m["mean_pairwise_cosine"][at])
+
+    def later(x: np.ndarray) -> str:
+        return f", {x[-1]:.3g} after {passes}" if passes > at else ""
+
     return [
         claim("looped.consensus", measured=f"attention only: gap 1 - mean|cos(x_1, x_j)| "
-              f"{gap[0]:.3g} at the embeddings, {gap[1]:.3g} after 1 pass, {gap[at]:.3g} after "
-              f"{at}, {gap[-1]:.3g} after {passes} ({gap[-1 - FALLING]:.3g} after "
-              f"{passes - FALLING}); smallest within {at}: {values['gap_min']:.3g}",
+              f"{gap[0]:.3g} at the embeddings, {gap[1]:.3g} after 1 pass, "
+              f"{gap[min(10, passes)]:.3g} after {min(10, passes)}, {gap[at]:.3g} after {at}"
+              f"{later(gap)} ({gap[-1 - FALLING]:.3g} after {passes - FALLING}); smallest "
+              f"within {at}: {values['gap_min']:.3g} (after pass "
+              f"{1 + int(np.argmin(gap[1:at + 1]))})",
               values=values, **f),
         claim("looped.concentrates", measured=f"full blocks: mean pairwise cosine "
               f"{m['mean_pairwise_cosine'][0]:.3f} at the embeddings, "
-              f"{m['mean_pairwise_cosine'][1]:.3f} after 1 pass, {pair:.3f} after {at}, "
-              f"{m['mean_pairwise_cosine'][-1]:.3f} after {passes}",
+              f"{m['mean_pairwise_cosine'][1]:.3f} after 1 pass, "
+              f"{m['mean_pairwise_cosine'][min(10, passes)]:.3f} after {min(10, passes)}, "
+              f"{pair:.3f} after {at}{later(np.asarray(m['mean_pairwise_cosine']))}",
               values={"pairwise_cos": pair}, **f),
     ]
 
