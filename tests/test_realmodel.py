@@ -136,27 +136,6 @@ def test_value_spectra_against_the_d_by_d_matrix(smol, index, head):
 
 
 # ---------------------------------------------------------------------------- the recipe
-def test_depth_measures_on_known_configurations():
-    n, d = 6, 8
-    same = np.tile(np.eye(d)[0] * 3.0, (n, 1))
-    spread = np.vstack([np.eye(d)[0], np.eye(d)[1:n] * 2.0])  # orthogonal tokens
-    states = np.stack([spread, same])
-    sink = np.zeros((1, 2, n, n))
-    sink[..., 0] = 1.0  # every query puts all its weight on token 1
-    p = realmodel.depth_profile(states, sink, [0.5])
-    np.testing.assert_allclose(p["pairwise_cos"], [0.0, 1.0], atol=1e-15)
-    np.testing.assert_allclose(p["cos_to_first"], [0.0, 1.0], atol=1e-15)
-    np.testing.assert_allclose(p["cos_to_first_initial"], [0.0, 1.0], atol=1e-15)
-    np.testing.assert_allclose(p["effective_rank"], [n - 1, 1.0], atol=1e-6)
-    assert list(p["clusters"]["0.5"]) == [n - 1, 1]
-    assert p["attention_to_first"][0] == 1.0
-    assert p["uniform_to_first"] == pytest.approx(np.mean(1 / np.arange(2, n + 1)))
-    np.testing.assert_allclose(p["norm_mean"], [2.0, 3.0])
-    v = realmodel.judge(p)
-    assert v["rise"] == pytest.approx(1.0) and v["concentrates"] and v["sink"] and v["leads"]
-    assert realmodel.effective_rank(np.diag([1.0, 1.0, 1.0, 0.0])) == pytest.approx(3.0)
-
-
 def test_recipe_reports_not_run_without_the_model(tmp_path, monkeypatch):
     monkeypatch.setattr(realmodel, "default_model", lambda: None)
     (res,) = reproduce(["realmodel"], out=tmp_path)
@@ -169,12 +148,11 @@ def test_recipe_runs_on_any_llama_gguf_file(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_tiny(path, hf_weights(2))
     (res,) = reproduce(["realmodel"], out=tmp_path / "out", overrides={"realmodel": {
-        "model": str(path), "n_tokens": 20, "n_dynamics": 8, "dt": 0.5}})
+        "model": str(path), "n_tokens": 20}})
     numbers = res["numbers"]
-    assert numbers["n_tokens"] == 20 and numbers["n_dynamics"] == 8
+    assert numbers["n_tokens"] == 20
     assert numbers["spectra"]["summary"]["n_heads"] == 8
-    assert len(numbers["profiles"]["idealised"]["pairwise_cos"]) == 3
-    assert len(res["claims"]) == 6 and all(c["measured"] for c in res["claims"])
+    assert len(res["claims"]) == 2 and all(c["measured"] for c in res["claims"])
     for fig in res["figures"]:
         assert (tmp_path / "out" / "realmodel" / fig).stat().st_size > 10_000
 

@@ -54,4 +54,10 @@ REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
     Reference("2607.24502", "Self-Attention Dynamics with Rotary Position Embeddings", None),
     Reference("2605.09213", "Kinetic theory for Transformers and the lost-in-the-middle "
               "phenomenon", None),
+    Reference("2410.10781", "When Attention Sink Emerges in Language Models: An Empirical View",
+              ("X. Gu", "T. Pang", "C. Du", "Q. Liu", "F. Zhang", "C. Du", "Y. Wang",
+               "M. Lin"), "ICLR 2025"),
+    Reference("1909.00512", "How Contextual are Contextualized Word Representations? "
+              "Comparing the Geometry of BERT, ELMo, and GPT-2 Embeddings", ("K. Ethayarajh",),
+              "EMNLP 2019"),
 )}
