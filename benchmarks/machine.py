@@ -78,3 +78,12 @@ def describe() -> str:
     return (f"CPU: {model}, vector ISA {vector_isa(flags)}{override}; numba target "
             f"{numba_target()}, numpy dispatch {numpy_dispatch()}, torch "
             f"{torch_capability()}")
+
+
+def loadavg() -> tuple[float, ...]:
+    """The 1, 5 and 15 minute load averages (empty where the system has none)."""
+    try:
+        return os.getloadavg()
+    except OSError:
+        return ()
+

@@ -61,7 +61,7 @@ from attnflow.sphere import uniform
 
 sys.path.insert(0, str(Path(__file__).parent))
 from baselines import batched_step, textbook_step  # noqa: E402
-from machine import AVX2_ENV, describe  # noqa: E402
+from machine import AVX2_ENV, describe, loadavg  # noqa: E402
 
 HERE = Path(__file__).parent
 BETA, N, D, DT = 64.0, 200, 2, 0.05
@@ -378,7 +378,7 @@ def markdown(rows: list, table: list, command: str, seconds: float) -> str:
              f"{describe()}.", "",
              f"Machine: {platform.machine()}, {n_threads()} threads used, "
              f"python {platform.python_version()}, numpy {np.__version__}; load average "
-             f"at the end {', '.join(f'{x:.1f}' for x in _loadavg())} (a shared machine: "
+             f"at the end {', '.join(f'{x:.1f}' for x in loadavg())} (a shared machine: "
              f"compare the ratios, not the absolute rates). Took {seconds:.0f} s.", "",
              "| workload | what | size | rate | fraction of floor / GEMM; SDPA: speed over "
              "SDPA | notes |",
@@ -394,14 +394,6 @@ def markdown(rows: list, table: list, command: str, seconds: float) -> str:
         lines += [f"| {m} | {s} | {ev} | {jac} | {cost:.0f} | {wall:.2f} | {err:.2e} |"
                   for m, s, ev, jac, cost, wall, err in table]
     return "\n".join(lines) + "\n"
-
-
-def _loadavg() -> tuple[float, ...]:
-    try:
-        import os
-        return os.getloadavg()
-    except OSError:
-        return ()
 
 
 def main(argv: list[str] | None = None) -> str:

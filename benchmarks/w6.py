@@ -40,6 +40,9 @@ import numpy as np
 
 import attnflow as af
 
+sys.path.insert(0, str(Path(__file__).parent))
+from machine import loadavg  # noqa: E402
+
 HERE = Path(__file__).parent
 D, HEADS, KV_HEADS, HEAD, HIDDEN = 576, 9, 3, 64, 1536  # SmolLM2-135M
 
@@ -161,7 +164,7 @@ def markdown(results: list[dict], command: str, seconds: float) -> str:
              f"`{command}`", "",
              f"W6 (one SmolLM2-shaped block with a SwiGLU MLP, one Euler dt = 1 step). CPU: "
              f"{cpu_isa()}; python {platform.python_version()}, numpy {np.__version__}; load "
-             f"average at the end {', '.join(f'{v:.1f}' for v in _loadavg())} (a machine "
+             f"average at the end {', '.join(f'{v:.1f}' for v in loadavg())} (a machine "
              f"shared with other agents: read the shares, not the absolute times). "
              f"Took {seconds:.0f} s.", "",
              "| dtype | n | GFLOP per step | share of the GEMM floor, CPU time | wall time "
@@ -182,14 +185,6 @@ def markdown(results: list[dict], command: str, seconds: float) -> str:
         f"{k} {v / 1e9:.2f} G ({100 * v / total:.0f}%)" for k, v in work.items())
         + f" at n = {results[0]['n']}."]
     return "\n".join(lines) + "\n"
-
-
-def _loadavg() -> tuple[float, ...]:
-    try:
-        import os
-        return os.getloadavg()
-    except OSError:
-        return ()
 
 
 def main(argv: list[str] | None = None) -> str:
