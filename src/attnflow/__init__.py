@@ -44,6 +44,8 @@ from attnflow.family import (  # noqa: E402
     ALiBi,
     Attention,
     Block,
+    LayerNorm,
+    ProjectionBias,
     QKNorm,
     RMSNorm,
     RoPE,
@@ -53,9 +55,9 @@ from attnflow.integrate import NonFiniteStateError  # noqa: E402
 from attnflow.simulate import simulate  # noqa: E402
 from attnflow.trajectory import Trajectory, load  # noqa: E402
 
-__all__ = ["__version__", "MLP", "ALiBi", "Attention", "Block", "BrownianPath",
-           "NonFiniteStateError", "QKNorm", "RMSNorm", "RoPE", "Stack", "Trajectory", "load",
-           "simulate", *sorted(_EXPORTS), *_SUBMODULES]
+__all__ = ["__version__", "MLP", "ALiBi", "Attention", "Block", "BrownianPath", "LayerNorm",
+           "NonFiniteStateError", "ProjectionBias", "QKNorm", "RMSNorm", "RoPE", "Stack",
+           "Trajectory", "load", "simulate", *sorted(_EXPORTS), *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:

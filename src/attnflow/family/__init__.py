@@ -1,7 +1,8 @@
 """The model family as composable parts (docs/science.md §6, §8; docs/design.md).
 
 * parts (`parts`): schemes (`schemes`, with the norms of `norms`), weightings (`weighting`),
-  positional encodings (`positional`), heads and QK-norm (`heads`), the feed-forward term
+  positional encodings (`positional`), heads, QK-norm and projection biases
+  (`heads`), the feed-forward term
   (`feedforward`); each registered in `PARTS` with its name, text form and record;
 * the attention sublayer (`attention.SelfAttention`) and its exact Jacobian (`jacobian`);
 * blocks (`block.Block`, and `block.Attention`, one block from flat keyword arguments) and
@@ -12,8 +13,8 @@
 from attnflow.family.attention import SelfAttention
 from attnflow.family.block import FORMS, Attention, Block
 from attnflow.family.feedforward import ACTIVATIONS, MLP
-from attnflow.family.heads import QKNorm
-from attnflow.family.norms import Direction, RMSNorm
+from attnflow.family.heads import ProjectionBias, QKNorm
+from attnflow.family.norms import Direction, LayerNorm, RMSNorm
 from attnflow.family.parts import KINDS, PARTS, Part, part_from_record, parts_table, register
 from attnflow.family.positional import ALiBi, Encoding, RoPE, ScoreBias
 from attnflow.family.schemes import NGPT, SCHEMES, Peri, Post, Pre, Scheme, make_scheme
@@ -21,7 +22,7 @@ from attnflow.family.stack import Model, Stack, model_from_record, segments
 from attnflow.family.weighting import Weighting
 
 __all__ = ["ACTIVATIONS", "FORMS", "KINDS", "MLP", "NGPT", "PARTS", "SCHEMES", "ALiBi",
-           "Attention", "Block", "Direction", "Encoding", "Model", "Part", "Peri", "Post",
-           "Pre", "QKNorm", "RMSNorm", "RoPE", "Scheme", "ScoreBias", "SelfAttention", "Stack",
-           "Weighting", "make_scheme", "model_from_record", "part_from_record", "parts_table",
-           "register", "segments"]
+           "Attention", "Block", "Direction", "Encoding", "LayerNorm", "Model", "Part", "Peri",
+           "Post", "Pre", "ProjectionBias", "QKNorm", "RMSNorm", "RoPE", "Scheme", "ScoreBias",
+           "SelfAttention", "Stack", "Weighting", "make_scheme", "model_from_record",
+           "part_from_record", "parts_table", "register", "segments"]

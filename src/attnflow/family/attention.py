@@ -9,7 +9,8 @@ of the state for the idealised schemes, RMSNorm(x) for a trained model's, see
 Several heads are summed (``combine="sum"``, the default, as in a Transformer layer whose head
 outputs add into the residual stream) or averaged (``combine="mean"``). The scores may be
 changed by positional encodings (`attnflow.family.positional`: RoPE rotates q and k, ALiBi and
-any (n, n) array add a bias b) and by QK-norm (`attnflow.family.heads`), and the weights
+any (n, n) array add a bias b), by QK-norm and by the biases of affine projections
+(`attnflow.family.heads`), and the weights
 normalised otherwise than by softmax (`attnflow.family.weighting`). Memory tokens (fixed points
 m_j with multiplicities a_j) join every token's keys and values with log a_j added to their
 scores: the frozen-centers model of Theorem 5.2 is causal attention with memory. A block
@@ -24,7 +25,14 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import describe, fail, finite_array, nonnegative
-from attnflow.family.heads import Head, QKNorm, StackedHeads, check_head, common_dimension
+from attnflow.family.heads import (
+    Head,
+    ProjectionBias,
+    QKNorm,
+    StackedHeads,
+    check_head,
+    common_dimension,
+)
 from attnflow.family.jacobian import head_jacobian
 from attnflow.family.positional import (
     Encoding,
@@ -68,6 +76,7 @@ class SelfAttention:
     encodings : positional encodings (`Encoding` parts: RoPE, ALiBi, ScoreBias, ...), applied
         in order.
     qk_norm : a `QKNorm` or None.
+    biases : a `ProjectionBias` (the biases of q, k, v per head and of the output) or None.
     single : the one head was given as Q, K, V (errors name "Q", not "heads[0].Q").
     """
 
@@ -82,6 +91,7 @@ class SelfAttention:
         weighting: Weighting | str | tuple = "softmax",
         encodings: Sequence[Encoding] = (),
         qk_norm: QKNorm | None = None,
+        biases: ProjectionBias | None = None,
         single: bool = False,
     ) -> None:
         self.beta = nonnegative("beta", beta)
@@ -119,6 +129,14 @@ class SelfAttention:
         if qk_norm is not None and not isinstance(qk_norm, QKNorm):
             raise fail("qk_norm", "an attnflow.QKNorm or None", type(qk_norm).__name__)
         self.qk_norm = qk_norm
+        if biases is not None:
+            if not isinstance(biases, ProjectionBias):
+                raise fail("biases", "an attnflow.ProjectionBias or None", type(biases).__name__)
+            biases.check(self.heads, self.d)
+            if self.memory is not None:
+                raise fail("biases", "None with memory tokens (memory keys and values are "
+                           "unbiased points)", "biases and memory")
+        self.biases = biases
         for Qh, Kh, *_ in self.heads:  # (head size None: identities of any d, checked on X)
             e = self.head_size(Qh, Kh)
             for enc in self.encodings:
@@ -185,9 +203,10 @@ class SelfAttention:
     @property
     def has_exact_jacobian(self) -> bool:
         """True when `jacobian_parts` is available: softmax, no positional encoding, no
-        QK-norm, no factored (Q, K, V, O) heads."""
+        QK-norm, no biases, no factored (Q, K, V, O) heads."""
         return (self.normalization == "softmax" and not self.encodings
-                and self.qk_norm is None and all(len(h) == 3 for h in self.heads))
+                and self.qk_norm is None and self.biases is None
+                and all(len(h) == 3 for h in self.heads))
 
     def head_size(self, Q: np.ndarray | None, K: np.ndarray | None, d: int | None = None
                   ) -> int | None:
@@ -202,6 +221,7 @@ class SelfAttention:
         mem = 0 if self.memory is None else len(self.memory[1])
         extra = "".join(f", {e.kind}" for e in self.encodings)
         extra += ", qk_norm" if self.qk_norm is not None else ""
+        extra += ", biases" if self.biases is not None else ""
         return (f"d={self.d}, beta={self.beta}, mask={mask!r}, heads={len(self.heads)}, "
                 f"combine={self.combine!r}, memory={mem}, attention={self.normalization!r}"
                 f"{extra}, backend={self.backend!r}")
@@ -252,24 +272,32 @@ class SelfAttention:
 
         ys = []
         keys: dict[int, np.ndarray] = {}  # shared K of grouped-query heads, rotated once
+        b = self.biases
         for h, head in enumerate(self.heads):
             Q, K, V = head[:3]
-            q = self._query_key(product(Q), positions, "q")
-            if K is Q:  # queries and keys are normalised and rotated alike: Q = K gives k = q
-                keys[id(K)] = q
-            k = keys.get(id(K))
-            if k is None:
-                k = keys[id(K)] = self._query_key(product(K), positions, "k")
-            ys.append(kernel(q, k, product(V), self.beta, self.mask, self._memory(K, V),
+            q = self._query_key(product(Q), positions, "q", h)
+            if b is None:  # (per-head biases make every head's keys its own)
+                if K is Q:  # normalised and rotated alike: Q = K gives k = q
+                    keys[id(K)] = q
+                k = keys.get(id(K))
+                if k is None:
+                    k = keys[id(K)] = self._query_key(product(K), positions, "k", h)
+            else:
+                k = self._query_key(product(K), positions, "k", h)
+            v = product(V) if b is None else b.add("v", product(V), h)
+            ys.append(kernel(q, k, v, self.beta, self.mask, self._memory(K, V),
                              bias=self.score_bias(n, h), normalization=self.normalization))
         out = self._stacked.combine(ys)
         if self.combine == "mean" and len(self.heads) > 1:
             out = out / len(self.heads)
-        return out
+        return out if b is None else b.add("o", out)
 
-    def _query_key(self, x: np.ndarray, positions: np.ndarray, which: str) -> np.ndarray:
-        """Queries (which = "q") or keys ("k") of one head from x = u M^T: QK-normed,
+    def _query_key(self, x: np.ndarray, positions: np.ndarray, which: str, head: int
+                   ) -> np.ndarray:
+        """Queries (which = "q") or keys ("k") of one head from x = u M^T: biased, QK-normed,
         rotated."""
+        if self.biases is not None:
+            x = self.biases.add(which, x, head)
         if self.qk_norm is not None:
             x = (self.qk_norm.q if which == "q" else self.qk_norm.k)(x)
         for e in self.encodings:
@@ -316,7 +344,7 @@ class SelfAttention:
         n = u.shape[-2]
         positions = np.arange(n, dtype=float)
         Q, K, V = self.heads[head][:3]
-        q, k = (self._query_key(u if M is None else u @ M.T, positions, which)
+        q, k = (self._query_key(u if M is None else u @ M.T, positions, which, head)
                 for M, which in ((Q, "q"), (K, "k")))
         return attention_weights(q, k, self.beta, self.mask, self._memory(K, V),
                                  bias=self.score_bias(n, head),
@@ -356,6 +384,9 @@ class SelfAttention:
         if self.qk_norm is not None:
             meta["qk_norm"], qk_arrays = self.qk_norm.to_record("qk_")
             arrays.update(qk_arrays)
+        if self.biases is not None:
+            meta["biases"], bias_arrays = self.biases.to_record("bias_")
+            arrays.update(bias_arrays)
         return meta, arrays
 
     @classmethod
@@ -372,12 +403,14 @@ class SelfAttention:
             memory = (arrays["memory_points"], arrays["memory_weights"])
         attention = meta.get("attention", "softmax")
         qk = meta.get("qk_norm")
+        biases = meta.get("biases")
         return cls(heads, beta=meta["beta"], mask=mask_from_record(meta["mask"]),
                    memory=memory, combine=meta["combine"], backend=meta["backend"],
                    weighting=tuple(attention) if isinstance(attention, list) else attention,
                    encodings=[encoding_from_record(rec, arrays)
                               for rec in meta.get("encodings", [])],
                    qk_norm=None if qk is None else QKNorm.from_record(qk, arrays),
+                   biases=None if biases is None else ProjectionBias.from_record(biases, arrays),
                    single=meta["n_heads"] == 1)
 
 

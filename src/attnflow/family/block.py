@@ -27,7 +27,7 @@ import numpy as np
 from attnflow._checks import fail
 from attnflow.family.attention import SelfAttention
 from attnflow.family.feedforward import MLP
-from attnflow.family.heads import QKNorm
+from attnflow.family.heads import ProjectionBias, QKNorm
 from attnflow.family.jacobian import tangent_jacobian
 from attnflow.family.parts import Part
 from attnflow.family.positional import ALiBi, Encoding, RoPE, ScoreBias, as_alibi, as_rope
@@ -44,7 +44,7 @@ Field = Callable[[np.ndarray], np.ndarray]
 
 # What a block answers for its attention sublayer (read-only views).
 _ATTENTION_VIEWS = ("heads", "beta", "mask", "memory", "combine", "backend", "encodings",
-                    "normalization", "weighting", "qk_norm", "options", "fixed_n",
+                    "normalization", "weighting", "qk_norm", "biases", "options", "fixed_n",
                     "head_size", "score_bias", "kernel_for")
 
 
@@ -119,8 +119,8 @@ class Block:
 
     @property
     def has_exact_jacobian(self) -> bool:
-        """True when `jacobian` is available: post-LN softmax attention without positions or
-        QK-norm, and a post-LN feed-forward term if any."""
+        """True when `jacobian` is available: post-LN (with directions) softmax attention
+        without positions, QK-norm or biases, and such a post-LN feed-forward term if any."""
         return (self.attention.has_exact_jacobian and self.scheme.exact_jacobian
                 and (self.mlp_scheme is None or self.mlp_scheme.exact_jacobian))
 
@@ -295,6 +295,8 @@ class Attention(Block):
     alibi : linear score biases: an `attnflow.ALiBi`, a slope, one slope per head, or None.
     bias : an additive (n, n) score bias shared by the heads (entries may be -inf), or None.
     qk_norm : an `attnflow.QKNorm` (RMSNorm of queries and keys per head) or None.
+    biases : an `attnflow.ProjectionBias` (biases of the q, k, v projections per head and of
+        the output; BERT) or None.
     mlp : an `attnflow.MLP` feed-forward sublayer, or None (attention only, the paper's).
     mlp_norm : the MLP's scheme (default: `norm`'s kind, with directions).
     form : "continuous" (default) or "sequential" (module docstring).
@@ -320,6 +322,7 @@ class Attention(Block):
         alibi: ALiBi | float | Sequence[float] | None = None,
         bias: Any = None,
         qk_norm: QKNorm | None = None,
+        biases: ProjectionBias | None = None,
         mlp: MLP | None = None,
         mlp_norm: str | Scheme | None = None,
         form: str = "continuous",
@@ -347,12 +350,14 @@ class Attention(Block):
                 attention = _once("attention", attention, "softmax", p)
             elif p.slot == "qk_norm":
                 qk_norm = _once("qk_norm", qk_norm, None, p)
+            elif p.slot == "biases":
+                biases = _once("biases", biases, None, p)
             elif p.slot == "feedforward":
                 mlp = _once("mlp", mlp, None, p)
         scheme = make_scheme(norm, alpha) if isinstance(norm, str) else make_scheme(norm)
         sub = SelfAttention(raw, beta=beta, mask=mask, memory=memory, combine=combine,
                             backend=backend, weighting=attention, encodings=encodings,
-                            qk_norm=qk_norm, single=heads is None)
+                            qk_norm=qk_norm, biases=biases, single=heads is None)
         super().__init__(sub, mlp, scheme, mlp_norm, form)
 
 

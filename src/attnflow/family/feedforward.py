@@ -1,7 +1,8 @@
 """The feed-forward term: a token-wise MLP sublayer (docs/science.md §8).
 
 For a sublayer input u (..., n, d), with W_up, W_gate of shape (h, d) (h the hidden width)
-and W_down of shape (d, h):
+and W_down of shape (d, h), and optional biases b_up (h,) and b_down (d,) (BERT's; written
+W_up u for W_up u + b_up and likewise W_down below):
 
 ==========  ===========================================  ==========================
 activation  m(u)                                         used by
@@ -80,12 +81,14 @@ def _act_derivative(name: str, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True, eq=False)
 class MLP(Part):
     """A feed-forward sublayer (module docstring): W_up (h, d), W_down (d, h), W_gate (h, d)
-    for the gated activations (None otherwise)."""
+    for the gated activations (None otherwise); biases b_up (h,), b_down (d,) or None."""
 
     W_up: Any = None
     W_down: Any = None
     W_gate: Any = None
     activation: str = "swiglu"
+    b_up: Any = None
+    b_down: Any = None
     name: ClassVar[str] = "mlp"
     slot: ClassVar[str] = "feedforward"
     help: ClassVar[str] = ("Feed-forward sublayer; from text: Gaussian weights of variance 1/d "
@@ -115,6 +118,13 @@ class MLP(Part):
         elif gate is not None:
             raise fail("mlp.W_gate", f"None for the activation {self.activation!r} (gated: "
                        f"{GATED})", describe(gate))
+        for attr, size in (("b_up", h), ("b_down", d)):
+            b = getattr(self, attr)
+            if b is not None:
+                b = finite_array(f"mlp.{attr}", b, ndim=1)
+                if b.shape != (size,):
+                    raise fail(f"mlp.{attr}", f"shape ({size},)", describe(b))
+                object.__setattr__(self, attr, b if b.dtype.kind == "f" else b.astype(float))
 
     @property
     def d(self) -> int:
@@ -143,17 +153,27 @@ class MLP(Part):
     def __call__(self, u: np.ndarray) -> np.ndarray:
         """m(u), (..., n, d) -> (..., n, d)."""
         dt = u.dtype
-        z = u @ self.W_up.T.astype(dt, copy=False)
+        z = self._up(u)
         if self.W_gate is None:
             hidden = _act(self.activation, z)
         else:
             hidden = _act(self.activation, u @ self.W_gate.T.astype(dt, copy=False))
             hidden *= z
-        return hidden @ self.W_down.T.astype(dt, copy=False)
+        out = hidden @ self.W_down.T.astype(dt, copy=False)
+        if self.b_down is not None:
+            out += self.b_down.astype(dt, copy=False)
+        return out
+
+    def _up(self, u: np.ndarray) -> np.ndarray:
+        """W_up u + b_up, in u's dtype."""
+        z = u @ self.W_up.T.astype(u.dtype, copy=False)
+        if self.b_up is not None:
+            z += self.b_up.astype(u.dtype, copy=False)
+        return z
 
     def jacobian(self, u: np.ndarray) -> np.ndarray:
         """dm/du per token: (..., n, d, d)."""
-        z = u @ self.W_up.T
+        z = self._up(u)
         if self.W_gate is None:
             ds = _act_derivative(self.activation, z)[1]
             return np.einsum("ak,...k,kb->...ab", self.W_down, ds, self.W_up)

@@ -11,6 +11,11 @@ queries, keys and values come from one GEMM and all factored outputs from one mo
 
 QK-norm (Gemma 3, OLMo 2) applies an RMSNorm with a gain to every head's queries and keys
 before the positional rotation: q <- g_q * q / sqrt(mean(q^2) + eps), likewise k.
+
+`ProjectionBias` holds the biases of a trained model's affine projections (BERT): q = u Q^T +
+b_q^h, k = u K^T + b_k^h, v = u V^T + b_v^h per head, and b_o added once to the sublayer's
+output. Under softmax a key bias only shifts every score of a row by <q_i, b_k>, which the
+weights do not see; it is kept anyway, so that any weighting gets the trained model's scores.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from attnflow._checks import describe, fail, finite_array, nonnegative, square_m
 from attnflow.family.norms import RMSNorm
 from attnflow.family.parts import Part, register
 
-__all__ = ["Head", "QKNorm", "StackedHeads", "check_head", "common_dimension"]
+__all__ = ["Head", "ProjectionBias", "QKNorm", "StackedHeads", "check_head", "common_dimension"]
 
 Head = tuple[Any, ...]
 
@@ -82,6 +87,48 @@ class QKNorm(Part):
 
     def text(self) -> str:
         return f"rms:{self.eps!r}"
+
+
+@dataclass(frozen=True, eq=False)
+class ProjectionBias(Part):
+    """Biases of the attention sublayer's projections (module docstring): q, k of shape
+    (H, e), v of shape (H, f) (f = d for (Q, K, V) heads, V's rows for (Q, K, V, O) heads), o
+    of shape (d,); None is no bias. Given as arrays only (not a text option)."""
+
+    q: Any = None
+    k: Any = None
+    v: Any = None
+    o: Any = None
+    kind: ClassVar[str] = "projection_bias"
+    slot: ClassVar[str] = "biases"
+
+    def __post_init__(self) -> None:
+        for attr, ndim in (("q", 2), ("k", 2), ("v", 2), ("o", 1)):
+            b = getattr(self, attr)
+            if b is not None:
+                b = finite_array(f"biases.{attr}", b, ndim=ndim)
+                object.__setattr__(self, attr, b if b.dtype.kind == "f" else b.astype(float))
+
+    def check(self, heads: Sequence[tuple[np.ndarray | None, ...]], d: int | None) -> None:
+        """Raise ValueError unless each bias has one row per head of its projection's size."""
+        for attr, index in (("q", 0), ("k", 1), ("v", 2)):
+            b = getattr(self, attr)
+            if b is None:
+                continue
+            sizes = [d if M is None else M.shape[0] for M in (h[index] for h in heads)]
+            if b.shape[0] != len(heads) or any(s is not None and s != b.shape[1]
+                                               for s in sizes):
+                raise fail(f"biases.{attr}", f"shape ({len(heads)}, size) with the sizes "
+                           f"{sizes} of the heads' {'QKV'[index]}", describe(b))
+        if self.o is not None and d is not None and self.o.shape != (d,):
+            raise fail("biases.o", f"shape ({d},)", describe(self.o))
+
+    def add(self, attr: str, x: np.ndarray, head: int | None = None) -> np.ndarray:
+        """x plus the bias `attr` ("q", "k", "v": of head `head`; "o"), in x's dtype."""
+        b = getattr(self, attr)
+        if b is None:
+            return x
+        return x + (b if head is None else b[head]).astype(x.dtype, copy=False)
 
 
 def check_head(head: Head, d: int | None, h: int | None) -> tuple[np.ndarray | None, ...]:

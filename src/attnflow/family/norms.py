@@ -1,8 +1,10 @@
 """Token normalisations used by the schemes and QK-norm: the direction x / |x| (the
-idealisation of the theory) and RMSNorm with a gain (trained decoders).
+idealisation of the theory), RMSNorm with a gain (trained decoders) and LayerNorm with a gain
+and a bias (BERT-style encoders).
 
     Direction:  N(x) = x / |x|
     RMSNorm:    N(x) = g * x / sqrt(mean(x^2) + eps)      (mean over the last axis, size e)
+    LayerNorm:  N(x) = g * (x - mean(x)) / sqrt(var(x) + eps) + b
 
 With eps = 0 and g = 1, RMSNorm(x) = sqrt(e) x / |x|: the two differ by a constant factor
 that a model may fold into its weights. Both act row by row on (..., n, e) arrays.
@@ -19,7 +21,7 @@ from attnflow._checks import describe, fail, finite_array, nonnegative
 from attnflow.manifolds import directions
 from attnflow.sphere import inner
 
-__all__ = ["Direction", "Norm", "RMSNorm", "norm_from_record", "unit"]
+__all__ = ["Direction", "LayerNorm", "Norm", "RMSNorm", "norm_from_record", "unit"]
 
 
 def unit(A: np.ndarray) -> np.ndarray:
@@ -102,10 +104,63 @@ class RMSNorm(Norm):
         return {**meta, "gain": f"{prefix}gain"}, {f"{prefix}gain": self.gain}
 
 
+@dataclass(frozen=True, eq=False)
+class LayerNorm(Norm):
+    """g * (x - mean(x)) / sqrt(var(x) + eps) + b over the last axis (size e); gain g and bias
+    b of shape (e,) (None: ones, zeros), eps >= 0 (BERT: 1e-12)."""
+
+    gain: Any = None
+    bias: Any = None
+    eps: float = 1e-12
+
+    def __post_init__(self) -> None:
+        for attr in ("gain", "bias"):
+            a = getattr(self, attr)
+            if a is not None:
+                a = finite_array(attr, a, ndim=1)
+                object.__setattr__(self, attr, a if a.dtype.kind == "f" else a.astype(float))
+        object.__setattr__(self, "eps", nonnegative("eps", self.eps))
+
+    def check(self, size: int | None, name: str) -> None:
+        for attr in ("gain", "bias"):
+            a = getattr(self, attr)
+            if a is not None and size is not None and a.shape[0] != size:
+                raise fail(f"{name}.{attr}", f"an array of shape ({size},)", describe(a))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        c = x - np.mean(x, axis=-1, keepdims=True)
+        y = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + self.eps)
+        if self.gain is not None:
+            y = y * self.gain.astype(x.dtype, copy=False)
+        return y if self.bias is None else y + self.bias.astype(x.dtype, copy=False)
+
+    def jacobian(self, x: np.ndarray) -> np.ndarray:
+        e = x.shape[-1]
+        c = x - np.mean(x, axis=-1, keepdims=True)
+        r = np.sqrt(np.mean(c * c, axis=-1) + self.eps)[..., None, None]
+        centre = np.eye(e, dtype=x.dtype) - 1.0 / e
+        J = centre / r - c[..., :, None] * c[..., None, :] / (e * r**3)
+        return J if self.gain is None else self.gain[:, None] * J
+
+    def to_record(self, prefix: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        meta: dict[str, Any] = {"kind": "layer", "eps": self.eps}
+        arrays = {}
+        for attr in ("gain", "bias"):
+            a = getattr(self, attr)
+            if a is not None:
+                meta[attr] = f"{prefix}{attr}"
+                arrays[f"{prefix}{attr}"] = a
+        return meta, arrays
+
+
 def norm_from_record(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> Norm:
     """Inverse of `Norm.to_record`."""
     if meta["kind"] == "direction":
         return Direction(bool(meta.get("zero_safe", False)))
     if meta["kind"] == "rms":
         return RMSNorm(arrays[meta["gain"]] if "gain" in meta else None, meta["eps"])
-    raise fail("record", "a norm of kind 'direction' or 'rms'", repr(meta.get("kind")))
+    if meta["kind"] == "layer":
+        return LayerNorm(*(arrays[meta[a]] if a in meta else None for a in ("gain", "bias")),
+                         meta["eps"])
+    raise fail("record", "a norm of kind 'direction', 'rms' or 'layer'",
+               repr(meta.get("kind")))

@@ -6,7 +6,7 @@ declares, once,
 
 * ``name``: the option's name: the keyword of `attnflow.Attention`, the command-line flag
   ``--name`` of ``attnflow simulate`` and the sweep axis ``name``;
-* ``slot``: where a block puts it ("scheme", "weighting", "encoding", "qk_norm",
+* ``slot``: where a block puts it ("scheme", "weighting", "encoding", "qk_norm", "biases",
   "feedforward");
 * ``help``: one line for the CLI help and the docs table;
 * ``kernel_options``: the options an attention kernel needs for it (`attnflow.kernels.SUPPORTS`);
@@ -30,7 +30,7 @@ from attnflow._checks import fail
 
 __all__ = ["KINDS", "PARTS", "SLOTS", "Part", "part_from_record", "parts_table", "register"]
 
-SLOTS = ("scheme", "weighting", "encoding", "qk_norm", "feedforward")
+SLOTS = ("scheme", "weighting", "encoding", "qk_norm", "biases", "feedforward")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ the velocity of the state and into the drift D of an Euler step x <- retract(x +
 =======  =========  ==========================  ============================================
 scheme   state      velocity dx_i/dt            Transformer sublayer it idealises (h = 1)
 =======  =========  ==========================  ============================================
-post     sphere     P_x(s(x))                   x <- LN(x + s(x))  (the paper's)
+post     sphere     P_x(s(x))                   x <- LN(x + s(x))  (the paper's; BERT with
+                                                a trained LayerNorm: R^d, N(x + s(x)) - x)
 pre      R^d        s(N(x))                     x <- x + s(N(x))  (GPT-2, LLaMA/RMSNorm)
 peri     R^d        N_out(s(N(x)))              x <- x + N_out(s(N(x)))  (sandwich, Gemma)
 ngpt     sphere     alpha P_x(s(x) / |s(x)|)    x <- norm(x + alpha s(x) / |s(x)|)  (nGPT)
@@ -117,17 +118,36 @@ class Scheme(Part):
 
 @dataclass(frozen=True, eq=False)
 class Post(Scheme):
+    """Post-LN: x <- N(x + s(x)). With the direction (default) the state is on the sphere and
+    the velocity P_x(s(x)) (the paper's model). With a trained norm (LayerNorm with gain and
+    bias, BERT; RMSNorm), which is no projection (N(N(x)) != N(x)), the state is the
+    normalised residual stream in R^d and the velocity the relaxation N(x + s(x)) - x: its
+    Euler step of size 1 is the layer x <- N(x + s(x)) exactly, and smaller steps move x part
+    of the way toward it."""
+
+    norm: Norm = Direction()
     kind: ClassVar[str] = "post"
 
+    @property
+    def manifold(self) -> Manifold:  # type: ignore[override]
+        return SPHERE if self.idealised else EUCLIDEAN
+
     def field(self, X, S):
-        return project(X, S)
+        return project(X, S) if self.idealised else self.norm(X + S) - X
 
     def drift(self, X, S):
-        return S
+        return S if self.idealised else self.norm(X + S) - X
+
+    def check(self, d, name):
+        self.norm.check(d, f"{name}.norm")
 
     @property
     def exact_jacobian(self) -> bool:
-        return True
+        return self.idealised
+
+    @property
+    def idealised(self) -> bool:
+        return isinstance(self.norm, Direction)
 
 
 @dataclass(frozen=True, eq=False)
