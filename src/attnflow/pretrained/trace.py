@@ -155,22 +155,22 @@ def stacked(ds: Any, hook: str) -> np.ndarray:
 
 def trace(model: Any, text: str | None = None, token_ids: Sequence[int] | None = None,
           attention: bool = True, dtype: Any = np.float64) -> Any:
-    """The trace of one forward pass of a decoder (Euler dt = 1 on its Stack,
+    """The trace of one forward pass of a decoder or encoder (Euler dt = 1 on its Stack,
     `attnflow.pretrained.forward`): residual streams before, between and after each layer's
     sublayers, and (with `attention`) every head's attention pattern.
 
-    model : a `GGUFModel`, a .gguf path, or an installed weight package's name
-        (`attnflow.pretrained.models.MODELS`: "smollm2", "gemma3-270m").
+    model : a `GGUFModel` or `Checkpoint`, a .gguf path, a Hugging Face checkpoint folder
+        (BERT layout), or an installed weight package's name
+        (`attnflow.pretrained.models.MODELS`: "smollm2", "gemma3-270m", "minilm").
     text, token_ids : exactly one of them: the text (tokenised by the model's own tokenizer,
         BOS first where the model asks for it) or the token ids.
     """
     from attnflow.pretrained.forward import forward
-    from attnflow.pretrained.gguf import GGUFModel
-    from attnflow.pretrained.models import resolve
+    from attnflow.pretrained.models import read
 
     if (text is None) == (token_ids is None):
         raise fail("text, token_ids", "exactly one of them", "both" if text else "neither")
-    m = model if isinstance(model, GGUFModel) else GGUFModel(resolve(model))
+    m = read(model)
     ids = m.token_ids(text) if text is not None else list(token_ids)
     run = forward(m, ids, attention=attention, logits="none", dtype=dtype)
     words = [m.decode([int(i)]) for i in run.token_ids]
