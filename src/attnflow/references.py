@@ -60,4 +60,8 @@ REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
     Reference("1909.00512", "How Contextual are Contextualized Word Representations? "
               "Comparing the Geometry of BERT, ELMo, and GPT-2 Embeddings", ("K. Ethayarajh",),
               "EMNLP 2019"),
+    # arXiv title; ICML 2025 (PMLR) title "Consensus is all you get: the role of attention in
+    # transformers"
+    Reference("2412.02682", "The Asymptotic Behavior of Attention in Transformers",
+              ("Á. Rodríguez Abella", "J. P. Silvestre", "P. Tabuada"), "ICML 2025"),
 )}

@@ -29,9 +29,8 @@ from attnflow.experiments._decoders import PARAGRAPH, install_hint, label, load,
 from attnflow.experiments._ledger import claim, not_run
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 
-# the seed paper (Theorem 4.1) and Rodriguez Abella, Silvestre, Tabuada (ICML 2025), whose
-# arXiv id is not recorded
-PAPERS = ("2411.04990",)
+# the seed paper (Theorem 4.1) and Rodríguez Abella, Silvestre, Tabuada (ICML 2025)
+PAPERS = ("2411.04990", "2412.02682")
 NAME = "looped"
 TITLE = "Looped real decoders: the whole stack applied again and again (tied weights)"
 QUICK: dict[str, Any] = {"models": ["smollm2", "gemma3-270m"], "n_tokens": 12, "passes": 50}
