@@ -213,6 +213,12 @@ def tiny_bert(path: Path) -> Path:
               "layer_norm_eps": 1e-12, "max_position_embeddings": POS}
     (path / "config.json").write_text(json.dumps(config))
     save_file({k: v.astype(np.float32) for k, v in t.items()}, str(path / "model.safetensors"))
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "[CLS]", "[SEP]", "the", "a", "of", "tokens", "attention", "to", "and"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, "[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(path / "tokenizer.json"))  # a word-level stand-in for WordPiece
     return path
 
 

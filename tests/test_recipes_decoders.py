@@ -1,5 +1,5 @@
-"""The real-decoder recipes (depth, looped, ladder) on tiny GGUF files of both architectures:
-they report every ledger claim and their figures; the measures they build on are checked on
+"""The real-decoder recipes (depth, looped, ladder) on tiny GGUF files of both architectures
+(and depth on a tiny BERT checkpoint too): they report every ledger claim and their figures; the measures they build on are checked on
 configurations with known answers (tests/test_depth.py for the battery)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 
+from test_encoder import tiny_bert  # noqa: E402
 from test_gemma import gemma_weights, write_gemma  # noqa: E402
 from test_gguf import hf_weights, write_tiny  # noqa: E402
 
@@ -40,13 +41,15 @@ def _figures_written(res, folder):
         assert (folder / res["name"] / fig).stat().st_size > 10_000
 
 
-def test_depth_on_both_architectures(files, tmp_path):
+def test_depth_on_both_architectures_and_an_encoder(files, tmp_path):
+    encoder = str(tiny_bert(tmp_path / "bert"))
     (res,) = reproduce(["depth"], out=tmp_path, overrides={"depth": {
-        "models": list(files), "n_tokens": 12}})
+        "models": [*files, encoder], "n_tokens": 12}})
     claims = res["claims"]
     assert {c["id"] for c in claims} == _ids("depth")
-    # two models x two networks x three claims, and MiniLM's three not run
-    assert len(claims) == 15 and sum(c["verdict"] == "not run" for c in claims) == 3
+    # three models x two networks x three claims, every one run
+    assert len(claims) == 18 and not any(c["verdict"] == "not run" for c in claims)
+    assert len(res["numbers"]["models"]) == 3
     assert all(c["measured"] and c["criterion"] for c in claims)
     assert len(res["figures"]) == len(depth.PANELS)
     _figures_written(res, tmp_path)
