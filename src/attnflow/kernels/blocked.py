@@ -74,6 +74,14 @@ SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.opti
 
 SMALL_HEAD = 4  # head sizes up to which the products are numba loops, not BLAS
 BLOCK = 256  # queries and keys per block: score blocks of 512 kB (float64) stay in L2 cache
+# Below LONG tokens, BLAS products (heads above SMALL_HEAD) take blocks of SHORT_BLOCK: twice
+# the query blocks to share among threads. Measured 2026-12-02 on the 2-core AVX2 AMD EPYC,
+# d = 64, two threads, another session's load on the machine (best and median of 7-15,
+# alternating): n = 1024 float32 3.4-3.5 / 3.8 ms against 3.4-4.0 / 6.9-7.2 with 256,
+# float64 5.9-6.0 / 7.2-7.3 against 6.5-8.1 / 11-12; n = 2048 float32 12.5-17.5 / 15-18
+# against 16-22 / 20-24; from n = 4096 (16 blocks of 256) 256 was faster (one thread: 256
+# 5-10% faster at every n).
+LONG, SHORT_BLOCK = 4096, 128
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
@@ -138,18 +146,22 @@ def attend(
     memory: Memory | None = None,
     bias: np.ndarray | None = None,
     normalization: Normalization = "softmax",
-    block: int = BLOCK,
+    block: int | None = None,
 ) -> np.ndarray:
     """Masked softmax attention, same contract as `attnflow.kernels.dense.attend`, in
     O(block^2) working memory per thread. Leading axes broadcast and are looped over.
     Computed in float32 when all inputs are float32, else float64. Returns (..., n, f).
-    Called from the main thread, BLAS runs single-threaded (process-wide) during the call."""
+    Called from the main thread, BLAS runs single-threaded (process-wide) during the call.
+    block: queries and keys per block; None: BLOCK, or SHORT_BLOCK below LONG tokens for
+    heads that take the BLAS products (above SMALL_HEAD)."""
     n, f = q.shape[-2], v.shape[-1]
     bias, normalization = check_options("blocked", SUPPORTS, n, mask, memory, bias,
                                         normalization)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     if dtype not in (np.float32, np.float64):
         raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")
+    if block is None:
+        block = BLOCK if _small(q.shape[-1], f) or n >= LONG else SHORT_BLOCK
     if int(block) != block or block < 1:
         raise fail("block", "an integer >= 1", repr(block))
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -171,6 +183,12 @@ def attend(
                                 np.ascontiguousarray(v[idx], dtype), lo, hi, bias,
                                 top_offset, memory, int(block))
     return out
+
+
+def _small(e: int, f: int) -> bool:
+    """Whether heads of e (queries, keys) and f (values) coordinates take the numba loops
+    (`_small_scores`, `_small_values`) instead of BLAS products."""
+    return 0 < e and max(e, f) <= SMALL_HEAD
 
 
 def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
@@ -198,7 +216,7 @@ def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
     blocks = -(-n // block)
     no_bias = np.zeros((0, 0), dtype)
 
-    small = 0 < qb.shape[1] and max(qb.shape[1], f) <= SMALL_HEAD
+    small = _small(qb.shape[1], f)
     if small:  # keys and values transposed, for `_small_scores` and `_small_values`
         keys, values, mem_k, mem_v = (np.ascontiguousarray(a.T) for a in (k, v, *memory[:2]))
     else:
