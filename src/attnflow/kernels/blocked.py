@@ -11,8 +11,9 @@ calculation for softmax", as used by Dao et al. 2022, FlashAttention). Memory is
 O(threads block^2 + n (e + f)) instead of O(n^2): at n = 65 536 a dense float64 score matrix
 needs 34 GB, this kernel a few MB of blocks.
 
-What makes it fast (W2 in benchmarks/run.py, n = 65 536, d = 64, causal: 55-60% of the
-float64 GEMM rate, counting 2 n^2 d flops):
+What makes it fast (W2 in benchmarks/run.py, n = 65 536, d = 64, causal, counting 2 n^2 d
+flops: 0.67-0.80 of the GEMM rate of its dtype on a 2-core AVX2 AMD EPYC, 0.78-0.82 on an
+AVX-512 one, benchmarks/RESULTS.md):
 * key blocks entirely outside the mask are skipped (a causal mask visits about half of
   them); blocks crossing the band's edge are masked row by row inside the exp pass;
 * the two products per block pair are BLAS products (about 70% of one core's GEMM rate;
