@@ -77,10 +77,10 @@ SMALL_HEAD = 4  # head sizes up to which the products are numba loops, not BLAS
 BLOCK = 256  # queries and keys per block: score blocks of 512 kB (float64) stay in L2 cache
 # Below LONG tokens, BLAS products (heads above SMALL_HEAD) take blocks of SHORT_BLOCK: twice
 # the query blocks to share among threads. Measured 2026-12-02 on the 2-core AVX2 AMD EPYC,
-# d = 64, two threads, another session's load on the machine (best and median of 7-15,
-# alternating): n = 1024 float32 3.4-3.5 / 3.8 ms against 3.4-4.0 / 6.9-7.2 with 256,
-# float64 5.9-6.0 / 7.2-7.3 against 6.5-8.1 / 11-12; n = 2048 float32 12.5-17.5 / 15-18
-# against 16-22 / 20-24; from n = 4096 (16 blocks of 256) 256 was faster (one thread: 256
+# d = 64, two threads, another session's load on the machine (best / median of 7-15,
+# alternating, benchmarks/RESULTS.md): n = 1024 float64 5.9 / 7.3 ms against 8.1 / 12.1 with
+# 256, float32 even; n = 2048 float64 20.5 / 27.5 against 28.3 / 30.0, float32 12.5 / 14.8
+# against 16.0 / 19.8; from n = 4096 (16 blocks of 256) 256 was faster (one thread: 256
 # 5-10% faster at every n).
 LONG, SHORT_BLOCK = 4096, 128
 
