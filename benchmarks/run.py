@@ -22,8 +22,9 @@ W1  the paper's Fig. 3 ensemble: runs x n = 200 x d = 2, beta = 64, causal, Q = 
     step and its batched (B, n, n) form (benchmarks/baselines.py); floor: the exp floor of
     the run's dtype, timed beside each run (medians of ALTERNATIONS pairs).
 W2  one field evaluation, n = 65 536, d = 64, causal, random Q, K, V (blocked kernel), float64
-    and float32, each in a child process whose peak RSS is reported; against this run's GEMM
-    rate in the same dtype, counting 2 n^2 d flops (the causal halves of scores and values).
+    and float32, each in a child process whose peak RSS is reported; against the GEMM rate in
+    the same dtype timed in that child right before and after it, counting 2 n^2 d flops
+    (the causal halves of scores and values), in wall and in CPU time.
 W3  n = 200, d = 2, beta = 64, t = 10^4: work-precision of the adaptive methods (dopri5, and
     the implicit bdf, radau, lsoda with the exact Jacobian) against fixed-step RK4.
 W4  the torch backend (CPU threads) on W1 beside numpy (torch at W2's size: SDPA).
@@ -114,12 +115,6 @@ def exp_floor(dtype=np.float64, clock=time.perf_counter) -> tuple[float, str]:
     return seconds[name] / 100 / x.size * 1e9, name
 
 
-def gemm_rate(dtype=np.float64) -> float:
-    """GEMM rate of this run in `dtype` (FLOP/s), 2048^3 products on all BLAS threads."""
-    a, b = np.random.default_rng(0).standard_normal((2, 2048, 2048)).astype(dtype)
-    return 2 * 2048**3 / best_of(lambda: a @ b, 3)
-
-
 def w1(runs: int, steps: int, rows: list, torch_too: bool) -> None:
     floors = {}
     for dtype in (np.float64, np.float32):
@@ -189,20 +184,32 @@ import json, resource, sys, time, numpy as np
 from attnflow.kernels import blocked, dense
 n, d, backend, dtype = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 rng = np.random.default_rng(0)
+
+def clocks(fn):  # (wall, CPU seconds of this process) of one call
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+def gemm():  # 2048^3 products on all BLAS threads: the best (wall, CPU) rates of 3
+    a, b = rng.standard_normal((2, 2048, 2048)).astype(dtype)
+    times = [clocks(lambda: a @ b) for _ in range(3)]
+    return [2 * 2048 ** 3 / min(t[i] for t in times) for i in (0, 1)]
+
 q, k, v = ((rng.standard_normal((n, d)) / d ** 0.25).astype(dtype) for _ in range(3))
 kernel = {"blocked": blocked.attend}[backend]
 m = min(n, 2048)  # the dense check, at n = 2048 for the full size
 err = float(np.abs(kernel(q[:m], k[:m], v[:m], 1.0, "causal")
                    - dense.attend(q[:m], k[:m], v[:m], 1.0, "causal")).max())
-start = time.perf_counter()
-kernel(q, k, v, 1.0, "causal")
-wall = time.perf_counter() - start
+before = gemm()
+wall, cpu = clocks(lambda: kernel(q, k, v, 1.0, "causal"))
 try:  # this process's own peak (ru_maxrss keeps the forking parent's peak across exec)
     with open("/proc/self/status") as fh:
         rss_mb = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM")) / 1024
 except OSError:
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"wall": wall, "err": err, "rss_mb": rss_mb}))
+after = gemm()
+print(json.dumps({"wall": wall, "cpu": cpu, "err": err, "rss_mb": rss_mb,
+                  "gemm_before": before, "gemm_after": after}))
 """
 
 
@@ -263,10 +270,12 @@ def w5(runs: int, steps: int, rows: list, alternations: int = 5) -> None:
 
 
 def w2(n: int, d: int, rows: list) -> None:
-    """W2 in float64 and float32, each against the GEMM rate of its dtype."""
+    """W2 in float64 and float32, each against the GEMM rate of its dtype, timed in the same
+    child process right before and right after the kernel (the machine's speed drifts over the
+    kernel's tens of seconds): the kernel's rate over the mean of the two, in wall time and
+    in CPU time (flops per CPU second of the process, which time taken by other processes
+    on a shared machine affects less)."""
     for dtype in ("float64", "float32"):
-        gemm = gemm_rate(np.dtype(dtype))
-        rows.append(("W2", f"{dtype} GEMM rate (GFLOP/s, 2048^3)", "", gemm / 1e9, None, ""))
         what = f"blocked kernel, one causal field evaluation, {dtype}"
         child = subprocess.run([sys.executable, "-c", W2_CHILD, str(n), str(d), "blocked",
                                 dtype], capture_output=True, text=True)
@@ -276,9 +285,16 @@ def w2(n: int, d: int, rows: list) -> None:
                          f"failed: {why[:120]}"))
             continue
         res = json.loads(child.stdout)
-        flops = 2 * n * n * d / res["wall"]
-        rows.append(("W2", what, f"n={n}, d={d}", flops / 1e9, flops / gemm,
-                     f"{res['wall']:.2f} s; peak RSS {res['rss_mb']:.0f} MB; "
+        (wall_0, cpu_0), (wall_1, cpu_1) = res["gemm_before"], res["gemm_after"]
+        gemm, gemm_cpu = (wall_0 + wall_1) / 2, (cpu_0 + cpu_1) / 2
+        rows.append(("W2", f"{dtype} GEMM rate (GFLOP/s, 2048^3), beside the kernel", "",
+                     gemm / 1e9, None, f"before {wall_0 / 1e9:.1f}, after {wall_1 / 1e9:.1f}; "
+                     f"per CPU second {cpu_0 / 1e9:.1f}, {cpu_1 / 1e9:.1f}"))
+        flops = 2 * n * n * d
+        rows.append(("W2", what, f"n={n}, d={d}", flops / res["wall"] / 1e9,
+                     flops / res["wall"] / gemm,
+                     f"{res['wall']:.2f} s; in CPU time **{flops / res['cpu'] / gemm_cpu:.3f}** "
+                     f"of the GEMM's rate; peak RSS {res['rss_mb']:.0f} MB; "
                      f"max |blocked - dense| at n={min(n, 2048)}: {res['err']:.1e}"))
 
 

@@ -11,8 +11,9 @@ calculation for softmax", as used by Dao et al. 2022, FlashAttention). Memory is
 O(threads block^2 + n (e + f)) instead of O(n^2): at n = 65 536 a dense float64 score matrix
 needs 34 GB, this kernel a few MB of blocks.
 
-What makes it fast (W2 in benchmarks/run.py, n = 65 536, d = 64, causal: 55-60% of the
-float64 GEMM rate, counting 2 n^2 d flops):
+What makes it fast (W2 in benchmarks/run.py, n = 65 536, d = 64, causal, counting 2 n^2 d
+flops: 0.67-0.80 of the GEMM rate of its dtype on a 2-core AVX2 AMD EPYC, 0.78-0.82 on an
+AVX-512 one, benchmarks/RESULTS.md):
 * key blocks entirely outside the mask are skipped (a causal mask visits about half of
   them); blocks crossing the band's edge are masked row by row inside the exp pass;
 * the two products per block pair are BLAS products (about 70% of one core's GEMM rate;
@@ -33,8 +34,15 @@ float64 GEMM rate, counting 2 n^2 d flops):
   fixed from the start (softmax is shift-invariant): no rescaling, and the exp pass is the
   only pass over S. Rows beyond it (huge beta, cross-attention) keep the exact running
   maximum;
-* exp is `vexp` (vectorised by LLVM with 512-bit registers, `_simd.wide_vectors`; no
-  subnormal slow path), fused with the row sums.
+* scores are kept in base-2 units (log2 e folded into beta, the bias and the memory
+  log-weights), so that the weight is `vexp2`, 2^s, one operation cheaper than exp
+  (vectorised by LLVM with 512-bit registers where there are any, `_simd.wide_vectors`; no
+  subnormal slow path), fused with the row sums;
+* for heads of at most SMALL_HEAD coordinates (the paper's d = 2) the two products are
+  vectorised numba loops over the keys instead of BLAS calls, whose inner dimension of a few
+  made them cost more than the exp pass (measured 2026-12-02 on an AVX2 AMD EPYC, one
+  thread, n = 4096: d = 2 float64 2.20 -> 1.61 ns per causal pair, float32 0.91 -> 0.73;
+  d = 4 about even, d = 8 BLAS 20-30% faster).
 
 Every mask: causal, full, ("window", w) (bands, per-row ranges inside each block) and boolean
 arrays (an additive 0 / -inf bias, block by block). A float score bias (n, n) (ALiBi,
@@ -44,7 +52,6 @@ key block.
 
 from __future__ import annotations
 
-import math
 import threading
 from contextlib import AbstractContextManager, nullcontext
 from functools import cache
@@ -55,8 +62,8 @@ from threadpoolctl import ThreadpoolController
 
 from attnflow._checks import fail
 from attnflow.kernels._simd import wide_vectors
-from attnflow.kernels._vexp import vexp
-from attnflow.kernels.fused import SAFE_SPREAD, band, row_top
+from attnflow.kernels._vexp import vexp2
+from attnflow.kernels.fused import LOG2E, SAFE_SPREAD, band, row_top
 from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.options import check_options
 from attnflow.kernels.types import Memory, Normalization
@@ -66,7 +73,16 @@ __all__ = ["BLOCK", "SUPPORTS", "attend"]
 
 SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.options`)
 
+SMALL_HEAD = 4  # head sizes up to which the products are numba loops, not BLAS
 BLOCK = 256  # queries and keys per block: score blocks of 512 kB (float64) stay in L2 cache
+# Below LONG tokens, BLAS products (heads above SMALL_HEAD) take blocks of SHORT_BLOCK: twice
+# the query blocks to share among threads. Measured 2026-12-02 on the 2-core AVX2 AMD EPYC,
+# d = 64, two threads, another session's load on the machine (best / median of 7-15,
+# alternating, benchmarks/RESULTS.md): n = 1024 float64 5.9 / 7.3 ms against 8.1 / 12.1 with
+# 256, float32 even; n = 2048 float64 20.5 / 27.5 against 28.3 / 30.0, float32 12.5 / 14.8
+# against 16.0 / 19.8; from n = 4096 (16 blocks of 256) 256 was faster (one thread: 256
+# 5-10% faster at every n).
+LONG, SHORT_BLOCK = 4096, 128
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
@@ -93,13 +109,13 @@ def _online_softmax(s, j0, lo, hi, exact, top, total, acc):
                 seg[:] = zero
                 continue
             if new > shift:
-                scale = math.exp(shift - new)  # math.exp: the one vexp call site stays inlined
+                scale = 2.0 ** (shift - new)  # scalar: the one vexp2 call site stays inlined
                 total[r] *= scale
                 acc[r] *= scale
                 top[r] = shift = new
         t = zero
         for j in range(seg.size):
-            w = vexp(seg[j] - shift)
+            w = vexp2(seg[j] - shift)
             seg[j] = w
             t += w
         total[r] += t
@@ -131,40 +147,54 @@ def attend(
     memory: Memory | None = None,
     bias: np.ndarray | None = None,
     normalization: Normalization = "softmax",
-    block: int = BLOCK,
+    block: int | None = None,
 ) -> np.ndarray:
     """Masked softmax attention, same contract as `attnflow.kernels.dense.attend`, in
     O(block^2) working memory per thread. Leading axes broadcast and are looped over.
     Computed in float32 when all inputs are float32, else float64. Returns (..., n, f).
-    Called from the main thread, BLAS runs single-threaded (process-wide) during the call."""
+    Called from the main thread, BLAS runs single-threaded (process-wide) during the call.
+    block: queries and keys per block; None: BLOCK, or SHORT_BLOCK below LONG tokens for
+    heads that take the BLAS products (above SMALL_HEAD)."""
     n, f = q.shape[-2], v.shape[-1]
     bias, normalization = check_options("blocked", SUPPORTS, n, mask, memory, bias,
                                         normalization)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     if dtype not in (np.float32, np.float64):
         raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")
+    if block is None:
+        block = BLOCK if _small(q.shape[-1], f) or n >= LONG else SHORT_BLOCK
     if int(block) != block or block < 1:
         raise fail("block", "an integer >= 1", repr(block))
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     q, k, v = (np.broadcast_to(a, (*lead, n, a.shape[-1])) for a in (q, k, v))
     out = np.empty((*lead, n, f), dtype)
+    # Scores in base-2 units (log2 e folded into beta, the bias and the memory log-weights):
+    # the weights are 2^s (`vexp2`, one operation cheaper than exp).
     lo, hi, bias = band(mask, n, bias)
-    bias = None if bias is None else bias.astype(dtype, copy=False)
+    bias = None if bias is None else (bias * LOG2E).astype(dtype, copy=False)
     if memory is None:
         memory = Memory(np.zeros((0, q.shape[-1])), np.zeros((0, f)), np.zeros(0))
-    memory = Memory(*(np.ascontiguousarray(a, dtype) for a in memory))
+    memory = Memory(*(np.ascontiguousarray(a, dtype) for a in memory[:2]),
+                    np.ascontiguousarray(np.asarray(memory.log_weights) * LOG2E, dtype))
     top_offset = row_top(lo, hi, bias, memory.log_weights)
     with _blas_on_one_thread():
         for idx in np.ndindex(*lead):
-            qb = np.ascontiguousarray(q[idx], dtype) * dtype.type(beta)
+            qb = np.ascontiguousarray(q[idx], dtype) * dtype.type(beta * LOG2E)
             out[idx] = _one_run(qb, np.ascontiguousarray(k[idx], dtype),
                                 np.ascontiguousarray(v[idx], dtype), lo, hi, bias,
                                 top_offset, memory, int(block))
     return out
 
 
+def _small(e: int, f: int) -> bool:
+    """Whether heads of e (queries, keys) and f (values) coordinates take the numba loops
+    (`_small_scores`, `_small_values`) instead of BLAS products."""
+    return 0 < e and max(e, f) <= SMALL_HEAD
+
+
 def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
-    """Attention of one run; qb already multiplied by beta; top_offset: `fused.row_top`."""
+    """Attention of one run in base-2 units: qb already multiplied by beta log2 e, the bias and
+    the memory log-weights by log2 e; top_offset: `fused.row_top` of those."""
     n, f, m = qb.shape[0], v.shape[1], len(memory.v)
     dtype = qb.dtype
     # The Cauchy-Schwarz shift of each row, or -inf where the exact maximum is needed: row i's
@@ -181,11 +211,17 @@ def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
     probe = np.where(hi > lo, probe, -np.inf)
     with np.errstate(invalid="ignore"):  # rows without keys: -inf - -inf, exact anyway
         spread = bound + top_offset - np.maximum(top_offset - bound, probe)
-    exact = ~(spread <= SAFE_SPREAD[dtype.type]) | (top_offset == -np.inf)
+    exact = ~(spread <= SAFE_SPREAD[dtype.type] * LOG2E) | (top_offset == -np.inf)
     shift = np.where(exact, -np.inf, bound + top_offset).astype(dtype)
     out = np.empty((n, f), dtype)
     blocks = -(-n // block)
     no_bias = np.zeros((0, 0), dtype)
+
+    small = _small(qb.shape[1], f)
+    if small:  # keys and values transposed, for `_small_scores` and `_small_values`
+        keys, values, mem_k, mem_v = (np.ascontiguousarray(a.T) for a in (k, v, *memory[:2]))
+    else:
+        keys, values, mem_k, mem_v = k, v, memory.k, memory.v
 
     def run(b0: int, b1: int) -> None:
         buffer, product = np.empty(block * max(block, m), dtype), np.empty((block, f), dtype)
@@ -194,12 +230,12 @@ def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
             q_rows, lo_rows, hi_rows, exact_rows = qb[rows], lo[rows], hi[rows], exact[rows]
             r = len(q_rows)
             top, total, acc = shift[rows].copy(), np.zeros(r, dtype), np.zeros((r, f), dtype)
-            state = exact_rows, top, total, acc, buffer, product[:r]
+            state = exact_rows, top, total, acc, buffer, product[:r], small
             first, last = int(lo_rows.min()), int(hi_rows.max())
-            _sweep(q_rows, k, v, no_bias if bias is None else bias[rows],
+            _sweep(q_rows, keys, values, no_bias if bias is None else bias[rows],
                    first - first % block, last, block, lo_rows, hi_rows, *state)
             if m:  # every query attends to every memory key
-                _sweep(q_rows, memory.k, memory.v, np.tile(memory.log_weights, (r, 1)), 0, m, m,
+                _sweep(q_rows, mem_k, mem_v, np.tile(memory.log_weights, (r, 1)), 0, m, m,
                        np.zeros(r, np.int64), np.full(r, m), *state)
             out[rows] = acc / total[:, None]
 
@@ -209,19 +245,63 @@ def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
 
 @njit(nogil=True, cache=True)
 def _sweep(q_rows, keys, values, bias, j_start, j_stop, block, lo, hi, exact, top, total, acc,
-           buffer, product):
+           buffer, product, small):
     """The key blocks j_start, j_start + block, .. (< j_stop) folded into the online softmax
     of the queries q_rows: S = q_rows keys^T (+ bias columns, unless bias is empty) into the
     buffer, `_online_softmax`, acc += P values (through product). The products are numba's
-    np.dot (scipy's BLAS): no Python runs between blocks."""
+    np.dot (scipy's BLAS): no Python runs between blocks; for `small` heads they are
+    `_small_scores` and `_small_values` instead, with keys and values given transposed
+    ((e, n), (f, n))."""
     wide_vectors()
     r = q_rows.shape[0]
+    n_keys = keys.shape[1] if small else keys.shape[0]
     for j0 in range(j_start, j_stop, block):
-        j1 = min(keys.shape[0], j0 + block)
+        j1 = min(n_keys, j0 + block)
         s = buffer[:r * (j1 - j0)].reshape(r, j1 - j0)
-        np.dot(q_rows, keys[j0:j1].T, s)
+        if small:
+            _small_scores(q_rows, keys, j0, s)
+        else:
+            np.dot(q_rows, keys[j0:j1].T, s)
         if bias.shape[0]:
             s += bias[:, j0:j1]
         _online_softmax(s, j0, lo, hi, exact, top, total, acc)
-        np.dot(s, values[j0:j1], product)
-        acc += product
+        if small:
+            _small_values(s, values, j0, acc)
+        else:
+            np.dot(s, values[j0:j1], product)
+            acc += product
+
+
+@njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
+def _small_scores(q_rows, keys_t, j0, s):
+    """s = q_rows keys_t[:, j0:j0 + cols]: one vectorised pass over each row per coordinate
+    (BLAS products with an inner dimension of a few cost several times the exp pass)."""
+    wide_vectors()
+    cols = s.shape[1]
+    for r in range(s.shape[0]):
+        row = s[r]
+        k0 = keys_t[0, j0:j0 + cols]
+        q0 = q_rows[r, 0]
+        for j in range(cols):
+            row[j] = q0 * k0[j]
+        for c in range(1, q_rows.shape[1]):
+            kc = keys_t[c, j0:j0 + cols]
+            qc = q_rows[r, c]
+            for j in range(cols):
+                row[j] += qc * kc[j]
+
+
+@njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
+def _small_values(p, values_t, j0, acc):
+    """acc += p values_t[:, j0:j0 + cols]^T: a vectorised dot product per row and value
+    coordinate."""
+    wide_vectors()
+    cols = p.shape[1]
+    for c in range(values_t.shape[0]):
+        vc = values_t[c, j0:j0 + cols]
+        for r in range(p.shape[0]):
+            row = p[r]
+            t = p.dtype.type(0)
+            for j in range(cols):
+                t += row[j] * vc[j]
+            acc[r, c] += t
