@@ -80,7 +80,7 @@ if "W5" in args["only"]:
     cpu["W5"] = spent[0] - start
 if "W2" in args["only"]:
     start = children()
-    run.w2(n=args["w2_n"], d=64, rows=rows, torch_too=False)
+    run.w2(n=args["w2_n"], d=64, rows=rows)
     cpu["W2"] = children() - start
 print(sys.argv[3] + json.dumps({"attnflow": attnflow.__file__, "rows": rows, "cpu": cpu}))
 """

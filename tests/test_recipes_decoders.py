@@ -1,6 +1,7 @@
 """The real-decoder recipes (depth, looped, ladder) on tiny GGUF files of both architectures
-(and depth on a tiny BERT checkpoint too): they report every ledger claim and their figures; the measures they build on are checked on
-configurations with known answers (tests/test_depth.py for the battery)."""
+(and depth on a tiny BERT checkpoint too): they report every ledger claim and their figures;
+the measures they build on are checked on configurations with known answers
+(tests/test_depth.py for the battery)."""
 
 from __future__ import annotations
 
