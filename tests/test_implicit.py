@@ -55,3 +55,19 @@ def test_implicit_runs_with_negative_spectrum_match_a_tight_explicit_run(method)
     ref = af.simulate(model, x0, 60.0, save_at=save, method="dopri5", rtol=1e-11, atol=1e-13)
     got = af.simulate(model, x0, 60.0, save_at=save, method=method, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(got.states, ref.states, atol=1e-5)
+
+
+@pytest.mark.parametrize("row", ["first-token", "point-in-L", "two-points", "cloud-L",
+                                 "two-clouds", "complex-top"])
+def test_jacobian_matches_central_differences_on_the_atlas_value_matrices(row):
+    """The atlas's V (a non-orthogonal eigenbasis, random Q, K) at beta = 9: the exact
+    Jacobian of the field is right where the implicit solvers used to fail."""
+    from attnflow.experiments import atlas
+
+    rng = np.random.default_rng(3)
+    B = atlas._bases(["general"], [row], 4.0, rng)[row, "general"]
+    Q, K = rng.standard_normal((2, 3, 3)) / np.sqrt(3)
+    model = af.Attention(Q, K, atlas._value_matrix(row, B), beta=9.0)
+    x = uniform(10, 3, 5)
+    np.testing.assert_allclose(model.jacobian(x), central_differences(model.tangent_field, x),
+                               atol=1e-7)
