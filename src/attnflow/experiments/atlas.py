@@ -69,7 +69,11 @@ QUICK: dict[str, Any] = {"n": 32, "beta": 9.0, "t_end": 500.0, "seeds": 10,
                          "long_beta": 1.0, "long_t_end": None, "long_saves": 60,
                          "long_method": "bdf"}
 FULL: dict[str, Any] = {**QUICK, "t_end": 5000.0, "seeds": 20, "long_t_end": 1e5}
-FULL_MINUTES = 8
+# Measured (2026-12-02, 2 shared cores, nice 10): more than 48 min of wall time and 42 min of
+# CPU, unfinished after 11 of the 18 long-horizon settings: the 12th (cloud-L, orthonormal
+# basis, random Q, K) took BDF 2.8 million steps for its first 10 runs (about 100 times the
+# steps of Q = K = I; why was not measured). A lower bound, not an estimate.
+FULL_MINUTES = 60
 
 # The criteria (the share of runs as predicted; the gap between kinds of Q, K) are the
 # ledger's: claims.toml, atlas.*.
