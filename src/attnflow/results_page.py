@@ -24,7 +24,7 @@ SIZES: dict[str, tuple[str, str]] = {
     "quick": ("Default run", "attnflow reproduce --quick"),
     "long": ("Long horizons",
              "attnflow reproduce {names} --quick --set atlas.long_t_end=100000 "
-             "--set atlas.qk='[\"identity\"]'"),
+             "--set atlas.qk='[\"identity\"]' --set atlas.bases='[\"orthonormal\"]'"),
     "full": ("Paper sizes", "attnflow reproduce {names} --full"),
 }
 

@@ -72,7 +72,8 @@ FULL: dict[str, Any] = {**QUICK, "t_end": 5000.0, "seeds": 20, "long_t_end": 1e5
 # Measured (2026-12-02, 2 shared cores, nice 10): more than 48 min of wall time and 42 min of
 # CPU, unfinished after 11 of the 18 long-horizon settings: the 12th (cloud-L, orthonormal
 # basis, random Q, K) took BDF 2.8 million steps for its first 10 runs (about 100 times the
-# steps of Q = K = I; why was not measured). A lower bound, not an estimate.
+# steps of Q = K = I; why was not measured); cloud-L in the general basis with Q = K = I took
+# about 1.3 min per run to t = 1e5 (the orthonormal one 3 s). A lower bound, not an estimate.
 FULL_MINUTES = 60
 
 # The criteria (the share of runs as predicted; the gap between kinds of Q, K) are the
