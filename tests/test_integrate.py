@@ -172,7 +172,7 @@ def test_implicit_method_reports_the_failing_run():
     class Exploding(af.Attention):
         def tangent_field(self, X, kernel=None):
             F = super().tangent_field(X, kernel)
-            if np.array_equal(X, Y0[1]):
+            if np.allclose(X, Y0[1], atol=1e-12):  # the solver reads x / |x|
                 F[:] = np.nan  # run 1 blows up at once
             return F
 

@@ -10,6 +10,14 @@ about 40 times fewer field evaluations than RK4 at equal error).
 Each run (leading index) is one system of n d unknowns for `scipy.integrate.solve_ivp`; the
 Jacobian is dense (n d x n d), so these methods suit runs of a few thousand unknowns. States
 at the save times come from the solver's dense output and are renormalised onto the sphere.
+
+On the sphere the solvers never retract inside a step, so they integrate an extension of the
+field to R^{nd}. The plain one, F(x) = a - <x, a> x, makes the sphere repelling wherever
+<x, a> < 0 (d(|x|^2 - 1)/dt = -2 <x, a> (|x|^2 - 1)): with a V of negative spectrum every
+round-off grows like exp(2 |<x, a>| t) and the runs leave the sphere near t = 20. They
+integrate instead G(x) = F(x / |x|) - RADIAL_RATE (|x| - 1) x / |x|, equal to F on the sphere,
+whose radius relaxes to 1 at the rate RADIAL_RATE whatever the field: d|x|/dt =
+-RADIAL_RATE (|x| - 1), since F(y) is tangent at y.
 """
 
 from __future__ import annotations
@@ -20,12 +28,15 @@ from collections.abc import Callable
 import numpy as np
 
 from attnflow.errors import NonFiniteStateError
-from attnflow.manifolds import SPHERE, Manifold
+from attnflow.manifolds import SPHERE, Manifold, Sphere
 
-__all__ = ["IMPLICIT", "solve_implicit"]
+__all__ = ["IMPLICIT", "RADIAL_RATE", "solve_implicit", "sphere_extension"]
 
 SCIPY_NAMES = {"bdf": "BDF", "radau": "Radau", "lsoda": "LSODA"}  # scipy.integrate's classes
 IMPLICIT = tuple(SCIPY_NAMES)
+#: The rate at which the radius of a token relaxes to 1 in the extension G (module docstring):
+#: the time unit of the dynamics, so the radial mode is neither stiffer nor slower than the rest.
+RADIAL_RATE = 1.0
 
 
 def solve_implicit(
@@ -49,6 +60,8 @@ def solve_implicit(
     or the Jacobian turns non-finite, FloatingPointError if a solver fails otherwise. States
     are retracted onto the `manifold` (on the sphere: renormalised)."""
     lead, (n, d) = x0.shape[:-2], x0.shape[-2:]
+    if isinstance(manifold, Sphere):
+        field, jacobian = sphere_extension(field, jacobian)
     runs = x0.reshape(-1, n, d)
     out = np.empty((len(times), len(runs), n, d))
     work = {"n_evals": 0, "n_jacobians": 0, "n_steps": 0}
@@ -61,6 +74,38 @@ def solve_implicit(
                              work, where, report, manifold, lead, r)
     work = {key: math.ceil(value / len(runs)) for key, value in work.items()}
     return out.reshape(len(times), *lead, n, d), work
+
+
+def sphere_extension(
+    field: Callable[[np.ndarray], np.ndarray],
+    jacobian: Callable[[np.ndarray], np.ndarray] | None,
+) -> tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray] | None]:
+    """G(x) = F(y) - RADIAL_RATE (r - 1) y with r = |x|, y = x / r token by token (the module
+    docstring), and its Jacobian dG_i/dx_k = DF(y)_ik P_k / r_k - [i = k] RADIAL_RATE
+    (y_i y_i^T + (r_i - 1) / r_i P_i), P = I - y y^T (None if `jacobian` is None)."""
+
+    def radius(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        r = np.linalg.norm(x, axis=-1, keepdims=True)
+        return r, x / r
+
+    def g(x: np.ndarray) -> np.ndarray:
+        r, y = radius(x)
+        return field(y) - RADIAL_RATE * (r - 1.0) * y
+
+    if jacobian is None:
+        return g, None
+
+    def dg(x: np.ndarray) -> np.ndarray:
+        r, y = radius(x)
+        n, d = x.shape
+        P = np.eye(d) - y[:, :, None] * y[:, None, :]  # (n, d, d)
+        J = np.einsum("iakc,kcb->iakb", jacobian(y), P / r[:, :, None])
+        idx = np.arange(n)
+        J[idx, :, idx, :] -= RADIAL_RATE * (y[:, :, None] * y[:, None, :]
+                                            + ((r - 1.0) / r)[:, :, None] * P)
+        return J
+
+    return g, dg
 
 
 def _one_run(field, jacobian, x, times, method, first_step, rtol, atol, work, where, report,

@@ -23,7 +23,8 @@ __all__ = ["results_page", "SIZES"]
 SIZES: dict[str, tuple[str, str]] = {
     "quick": ("Default run", "attnflow reproduce --quick"),
     "long": ("Long horizons",
-             "attnflow reproduce {names} --quick --set atlas.long_t_end=10000"),
+             "attnflow reproduce {names} --quick --set atlas.long_t_end=100000 "
+             "--set atlas.qk='[\"identity\"]' --set atlas.bases='[\"orthonormal\"]'"),
     "full": ("Paper sizes", "attnflow reproduce {names} --full"),
 }
 
