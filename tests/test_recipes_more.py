@@ -75,10 +75,17 @@ def test_atlas_rows_and_predicted_points(tmp_path):
     # run is as predicted, from a finite time on; a run counts as reached iff it ends so
     long = res["numbers"]["long_horizon"]
     assert {r["row"] for r in long} == set(RECIPES["atlas"].SPECTRA)
+    assert {(r["basis"], r["qk"]) for r in long} == {("orthonormal", "identity")}  # Fig. 1's
     for r in long:
         assert [t != "inf" for t in r["time_to_reach"]] == r["as_predicted"]
         if r["row"] == "first-token":
             assert all(r["as_predicted"]) and max(r["time_to_reach"]) <= 300.0
+
+
+def test_atlas_long_settings_must_be_among_the_run_ones(tmp_path):
+    with pytest.raises(ValueError, match="atlas.long_qk"):
+        _run("atlas", tmp_path, n=6, seeds=1, t_end=5.0, bases=["orthonormal"],
+             qk=["random"], n_saves=5, long_t_end=10.0, long_saves=4)
 
 
 def test_lemma51_no_center_beats_its_bound(tmp_path):

@@ -1,8 +1,7 @@
 """docs/results.md, generated from committed result files (`attnflow reproduce --summary DIR`).
 
-DIR holds one folder per kind of run, ``DIR/quick/<recipe>/result.json``, ``DIR/long/...``
-(the atlas at the quick size with its long horizon switched on) and ``DIR/full/...`` (as
-`attnflow reproduce` writes them, figures left out). The
+DIR holds one folder per kind of run, ``DIR/quick/<recipe>/result.json`` and
+``DIR/full/...`` (as `attnflow reproduce` writes them, figures left out). The
 page has one section per size: when and on what the results were made, the time of each recipe,
 the verdicts counted per suite, and the claims table with each claim's criterion from the
 ledger (claims.toml). Nothing on the page is typed by hand, so it cannot drift from the files.
@@ -22,9 +21,6 @@ __all__ = ["results_page", "SIZES"]
 #: The size folders, in the order of the page, with their headings and commands.
 SIZES: dict[str, tuple[str, str]] = {
     "quick": ("Default run", "attnflow reproduce --quick"),
-    "long": ("Long horizons",
-             "attnflow reproduce {names} --quick --set atlas.long_t_end=100000 "
-             "--set atlas.qk='[\"identity\"]' --set atlas.bases='[\"orthonormal\"]'"),
     "full": ("Paper sizes", "attnflow reproduce {names} --full"),
 }
 

@@ -30,7 +30,7 @@ def reproduce(
                                "(the ledger's criteria) and exit."),
     summary: Path = typer.Option(None, "--summary", help="Write the results page from the "
                                  "result files under DIR (DIR/quick/<recipe>/result.json, "
-                                 "DIR/long/..., DIR/full/...) to --out when it ends in .md "
+                                 "DIR/full/...) to --out when it ends in .md "
                                  "(e.g. -o docs/results.md), else print it; then exit."),
     set_: list[str] = typer.Option(None, "--set", help="Override one parameter of one recipe, "
                                    "RECIPE.KEY=VALUE with VALUE in JSON (e.g. --set fig2.n=40 "
