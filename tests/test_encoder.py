@@ -291,3 +291,13 @@ def test_minilm_trace_names_and_full_patterns(tmp_path):
     back = load_trace(save_trace(ds, tmp_path / "t.zarr"))
     np.testing.assert_array_equal(stacked(back, "hook_resid_post"),
                                   stacked(ds, "hook_resid_post"))
+
+
+def test_forward_reuses_a_built_stack(tmp_path):
+    ckpt = Checkpoint(tiny_bert(tmp_path / "bert"))
+    ids = [1, 5, 7, 2]
+    fresh = forward(ckpt, ids, logits="none")
+    again = forward(ckpt, ids, logits="none", stack=encoder_stack(ckpt))
+    np.testing.assert_array_equal(again.hidden, fresh.hidden)
+    with pytest.raises(ValueError, match="stack"):
+        forward(ckpt, ids, logits="none", stack="built")

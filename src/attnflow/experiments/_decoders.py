@@ -19,7 +19,7 @@ import numpy as np
 
 from attnflow.experiments.realmodel import PARAGRAPH
 
-__all__ = ["NAMES", "PARAGRAPH", "install_hint", "label", "load", "loop"]
+__all__ = ["NAMES", "PARAGRAPH", "install_hint", "label", "load", "loop", "real_stack"]
 
 #: The names the report gives the installed weight packages (their files' own names are
 #: training-run labels).
@@ -45,6 +45,15 @@ def _parse(path: str) -> Any:
     from attnflow.pretrained.models import read
 
     return read(Path(path))
+
+
+@functools.lru_cache(maxsize=4)
+def real_stack(model: Any, mlp: bool) -> Any:
+    """`attnflow.pretrained.build.model_stack(model, mlp)` (float64), built once per process
+    for the recipes that follow: casting SmolLM2's or Gemma 3's weights takes 9-13 s a build."""
+    from attnflow.pretrained.build import model_stack
+
+    return model_stack(model, mlp=mlp)
 
 
 def load(model: str) -> Any:

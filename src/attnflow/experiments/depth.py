@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.experiments._decoders import PARAGRAPH, install_hint, label, load
+from attnflow.experiments._decoders import PARAGRAPH, install_hint, label, load, real_stack
 from attnflow.experiments._ledger import claim, not_run
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 
@@ -89,7 +89,8 @@ def _run(params: dict[str, Any], out: Path, progress: Progress) -> Output:
         ids = model.token_ids(PARAGRAPH)[: params["n_tokens"]]
         per: dict[str, Any] = {}
         for net, mlp in NETWORKS.items():
-            run_ = forward(model, ids, attention=True, logits="none", mlp=mlp)
+            run_ = forward(model, ids, attention=True, logits="none", mlp=mlp,
+                           stack=real_stack(model, mlp))
             b = battery(run_.hidden, run_.attention, tol=params["tol"], delta=params["delta"])
             per[net] = _summary(b)
             claims += _claims(per[net], label(name, model), LABELS[net], len(ids))

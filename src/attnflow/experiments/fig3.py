@@ -29,11 +29,11 @@ from attnflow.sweeps import sweep
 
 NAME = "fig3"
 TITLE = "Fig. 3: fraction of tokens consumed by Rényi and strong Rényi centers"
-# Quick: 100 runs. The Rényi - strong gap at t = 150 (0.07 with 200 runs) is then about 7
-# standard errors, more than twice the 3 the claim needs; the percentile bands are rougher.
+# Quick: 50 runs. The Rényi - strong gap at t = 150 (0.07 with 200 runs) is then about 5
+# standard errors, above the 3 the claim needs; the percentile bands are rougher.
 # Per center (the open question): `center_runs` runs of n / 2 and of n tokens to t =
 # `center_t`, each Rényi center's own share of the tokens (a few seconds of CPU time).
-QUICK: dict[str, Any] = {"n": 200, "beta": 64.0, "runs": 100, "chunk": 100, "t_end": 150.0,
+QUICK: dict[str, Any] = {"n": 200, "beta": 64.0, "runs": 50, "chunk": 50, "t_end": 150.0,
                          "n_times": 61, "method": "rk4", "dt": 0.05, "r": None,
                          "scheduler": "serial", "center_runs": 32, "center_t": 10.0}
 FULL: dict[str, Any] = {**QUICK, "runs": 5000, "chunk": 250, "center_runs": 256}

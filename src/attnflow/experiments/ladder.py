@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.experiments._decoders import PARAGRAPH, install_hint, label, load
+from attnflow.experiments._decoders import PARAGRAPH, install_hint, label, load, real_stack
 from attnflow.experiments._ledger import claim, entry, not_run
 from attnflow.experiments._recipe import Output, Progress, save_figure
 
@@ -73,16 +73,15 @@ def value_identity(block: Any) -> Any:
 def rungs(model: Any, tied_layer: int | None, beta: float) -> dict[str, Any]:
     """The ladder's models (module docstring), by rung name."""
     from attnflow.family import Attention, Stack
-    from attnflow.pretrained.build import decoder_stack
 
     L = model.config.n_layers
     tied = L // 2 if tied_layer is None else int(tied_layer)
     if not 0 <= tied < L:
         raise ValueError(f"ladder.tied_layer: expected a layer index in [0, {L}), "
                          f"received {tied_layer!r}")
-    bare = decoder_stack(model, mlp=False)
+    bare = real_stack(model, False)
     identity = Stack([value_identity(b) for b in bare.layers])
-    return dict(zip(RUNGS, (decoder_stack(model, mlp=True), bare, identity,
+    return dict(zip(RUNGS, (real_stack(model, True), bare, identity,
                             identity.layers[tied], Attention(beta=beta, norm="post"))))
 
 

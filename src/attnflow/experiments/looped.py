@@ -25,7 +25,14 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.experiments._decoders import PARAGRAPH, install_hint, label, load, loop
+from attnflow.experiments._decoders import (
+    PARAGRAPH,
+    install_hint,
+    label,
+    load,
+    loop,
+    real_stack,
+)
 from attnflow.experiments._ledger import claim, not_run
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 
@@ -61,8 +68,6 @@ def curves(states: np.ndarray) -> dict[str, list[float]]:
 
 
 def _run(params: dict[str, Any], out: Path, progress: Progress) -> Output:
-    from attnflow.pretrained.build import decoder_stack
-
     passes = int(params["passes"])
     if passes <= FALLING:
         raise ValueError(f"looped.passes: expected more than {FALLING} passes (the claims "
@@ -86,7 +91,7 @@ def _run(params: dict[str, Any], out: Path, progress: Progress) -> Output:
         per: dict[str, Any] = {"n_tokens": len(ids), "n_layers": model.config.n_layers}
         for variant, mlp in VARIANTS.items():
             start = time.process_time()
-            stack = decoder_stack(model, mlp=mlp)
+            stack = real_stack(model, mlp)
             states = loop(stack, model.embed(ids), passes,
                           lambda f, k=done: progress((k + f) / jobs))
             per[variant] = curves(states)

@@ -98,6 +98,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
 
 def _run(path: Path, params: dict[str, Any], seed: int, out: Path,
          progress: Progress) -> Output:
+    from attnflow.pretrained.build import model_stack
     from attnflow.pretrained.forward import forward, log_likelihoods
     from attnflow.pretrained.gguf import GGUFModel
 
@@ -105,10 +106,12 @@ def _run(path: Path, params: dict[str, Any], seed: int, out: Path,
     model = GGUFModel(path)
     c = model.config
     ids = model.token_ids(PARAGRAPH)[: params["n_tokens"]]
+    stack = model_stack(model)  # built once for both passes
     answer = model.decode([int(np.argmax(
-        forward(model, model.token_ids(PROMPT), logits="last").logits[0]))])
+        forward(model, model.token_ids(PROMPT), logits="last", stack=stack).logits[0]))])
     progress(0.2)
-    ppl = float(np.exp(-np.mean(log_likelihoods(forward(model, ids).logits, ids))))
+    ppl = float(np.exp(-np.mean(log_likelihoods(forward(model, ids, stack=stack).logits,
+                                                ids))))
     clock["forward"] = time.perf_counter()
     progress(0.6)
     spectra = _spectra(model, seed)

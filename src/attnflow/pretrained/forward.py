@@ -20,11 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow.family import RMSNorm
+from attnflow.family import RMSNorm, Stack
 from attnflow.integrate import euler_step
 from attnflow.pretrained.build import idealised_stack, model_stack
 from attnflow.pretrained.checkpoint import Checkpoint
@@ -60,7 +61,7 @@ class ForwardPass:
 
 def forward(model: GGUFModel | Checkpoint, token_ids: Sequence[int], attention: bool = False,
             logits: str = "all", mlp: bool = True, offset: int = 0,
-            dtype: type = np.float64) -> ForwardPass:
+            dtype: type = np.float64, stack: Any = None) -> ForwardPass:
     """Run the model on token ids (module docstring): a GGUF decoder or an encoder checkpoint.
 
     attention : also return every layer's attention weights (n_layers * n_heads * n^2 floats).
@@ -70,6 +71,9 @@ def forward(model: GGUFModel | Checkpoint, token_ids: Sequence[int], attention: 
     offset : the position of the first token (RoPE positions offset, offset + 1, ...); the
         trained model starts at 0. Scores depend only on differences of positions.
     dtype : float64 (default) or float32 arithmetic.
+    stack : the Stack `model_stack(model, mlp, offset, dtype)` already built, to reuse
+        (building one casts every weight to `dtype`: seconds for SmolLM2 or Gemma 3); None
+        builds it.
     """
     encoder = isinstance(model, Checkpoint)
     if encoder:
@@ -88,12 +92,17 @@ def forward(model: GGUFModel | Checkpoint, token_ids: Sequence[int], attention: 
         raise fail("offset", "an integer >= 0", repr(offset))
     if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise fail("dtype", "float32 or float64", repr(dtype))
-    stack = model_stack(model, mlp=mlp, offset=offset, dtype=dtype)
+    if stack is None:
+        stack = model_stack(model, mlp=mlp, offset=offset, dtype=dtype)
+    elif not isinstance(stack, Stack) or len(stack.layers) != (
+            model.n_layers if encoder else model.config.n_layers):
+        raise fail("stack", "a Stack of the model's layers (model_stack(model, ...))",
+                   repr(stack)[:80])
     if encoder:  # LayerNorm(word + position + type-0 embeddings), checked ids
         x = model.embed(ids).astype(dtype)
         ids = np.asarray(ids, dtype=np.int64)
     else:
-        x = model.embeddings[ids].astype(dtype)  # times sqrt(d) for Gemma 3
+        x = model.embedding_rows(ids).astype(dtype)  # times sqrt(d) for Gemma 3
         if model.config.embedding_scale != 1.0:
             x = x * np.dtype(dtype).type(model.config.embedding_scale)
     L = len(stack.layers)
