@@ -1,10 +1,16 @@
 """What the benchmarks ran on: the CPU, its vector instruction set, and the one numba, numpy and
 torch actually use (which `--target avx2` of benchmarks/run.py lowers on an AVX-512 CPU).
 
-`AVX2_ENV` is the environment that makes all three use AVX2 code on an AVX-512 CPU: numba
+`AVX2_ENV` is the environment that makes all of them use AVX2 code on an AVX-512 CPU: numba
 compiles for Haswell with Haswell's own features (NUMBA_CPU_NAME alone keeps the host's
 features, AVX-512 included), torch dispatches to its AVX2 kernels, numpy leaves out its
-AVX-512 dispatch targets. Set it before they are imported.
+AVX-512 dispatch targets, and the OpenBLAS of numpy and scipy (the GEMMs, and numba's np.dot
+in the blocked kernel) loads its Haswell kernels. Set it before they are imported.
+
+OPENBLAS_CORETYPE set in the environment picks OpenBLAS's kernels whatever the CPU: this
+project's machines have started sessions with OPENBLAS_CORETYPE=Haswell, which on an AVX-512
+CPU halves the GEMM rate (measured 2026-12-02, benchmarks/RESULTS.md). `describe` names the
+kernels OpenBLAS loaded and the variable where it is set.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import platform
 
 AVX2_ENV = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "",
             "ATEN_CPU_CAPABILITY": "avx2",
-            "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"}
+            "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
+            "OPENBLAS_CORETYPE": "Haswell"}
 
 
 def cpu_flags() -> tuple[str, set[str]]:
@@ -71,13 +78,26 @@ def torch_capability() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
+def openblas_kernels() -> str:
+    """The kernels each loaded OpenBLAS runs (numpy's, and scipy's, which numba's np.dot
+    calls), and OPENBLAS_CORETYPE where the environment sets it."""
+    import scipy.linalg.cython_blas  # noqa: F401  load scipy's BLAS too
+    from threadpoolctl import threadpool_info
+
+    kernels = sorted({f"{info.get('architecture')} ({info.get('version')})"
+                      for info in threadpool_info() if info.get("internal_api") == "openblas"})
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    return (", ".join(kernels) or "none loaded") + (
+        f", set by OPENBLAS_CORETYPE={forced}" if forced else "")
+
+
 def describe() -> str:
     """One sentence for a RESULTS.md entry: CPU, vector ISA, and what each library uses."""
     model, flags = cpu_flags()
     override = " (AVX2 forced: --target avx2)" if os.environ.get("ATEN_CPU_CAPABILITY") else ""
     return (f"CPU: {model}, vector ISA {vector_isa(flags)}{override}; numba target "
             f"{numba_target()}, numpy dispatch {numpy_dispatch()}, torch "
-            f"{torch_capability()}")
+            f"{torch_capability()}, OpenBLAS kernels {openblas_kernels()}")
 
 
 def loadavg() -> tuple[float, ...]:

@@ -7,14 +7,18 @@ run (absolute times drift on a shared machine; ratios measured together do not).
     python benchmarks/run.py --only W1,W2,SDPA --target avx2   # numba, numpy, torch on AVX2
 
 Every table names the CPU, its vector instruction set and the one each library runs with
-(`--target avx2` makes numba compile for Haswell's AVX2 and numpy and torch dispatch to their
-AVX2 code, so that an AVX-512 machine measures both).
+(`--target avx2` makes numba compile for Haswell's AVX2, numpy and torch dispatch to their
+AVX2 code and OpenBLAS load its Haswell kernels, so that an AVX-512 machine measures both;
+OPENBLAS_CORETYPE set in the environment overrides OpenBLAS's own choice of kernels on a
+native run: the table says which it loaded, benchmarks/machine.py).
 
 Floors are floors: per dtype, the fastest vectorised exp of the process (numpy's or
 torch's, whichever is faster on this CPU: numpy vectorises float64 exp only with AVX-512),
-timed beside each run, one thread, on 40 000 cache-resident arguments uniform in W1's score
-range [-2 beta, 0] (float32: [-87, 0], above the subnormal results and their slow path),
-times the threads used; W2 against the GEMM rate of its own dtype.
+timed beside each run on 40 000 cache-resident arguments uniform in W1's score range
+[-2 beta, 0] (float32: [-87, 0], above the subnormal results and their slow path), on as many
+threads as the kernel uses, all at once (what they reach together, not one thread's rate
+times their number: vCPUs may share a core's units); W2 against the GEMM rate of its own
+dtype.
 
 W1  the paper's Fig. 3 ensemble: runs x n = 200 x d = 2, beta = 64, causal, Q = K = V = I,
     RK4 dt = 0.05 (t = 150 projected from a few steps). Unit: causal pair-evaluations per
@@ -33,7 +37,7 @@ SDPA  one causal evaluation, attnflow's default kernel ("auto") against what a u
     on (1, 1, n, d) tensors (2-D ones take torch's materialising path), n = 1024 .. 65 536,
     d = 64 (X standard normal / d^(1/4), scale 1) and d = 2 (X on the circle, beta = 64, the
     paper's), float64 and float32, the same thread count; ratio = SDPA's time / attnflow's
-    (best of 3; 1 at n = 65 536).
+    (best of runs of calls of each side in turn: `SDPA_CALLS`; one call at n = 65 536).
 W5  what the model family's options cost at W1 size (fused kernel, float64): W1's RK4 with
     RoPE and with ALiBi (default slope) as fractions of the exp floor beside plain W1, and
     the time of one Euler step: plain post-LN, pre-LN, and noisy (Euler-Maruyama,
@@ -51,6 +55,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -94,35 +99,66 @@ def _torch():
     return torch
 
 
-def exp_floor(dtype=np.float64, clock=time.perf_counter) -> tuple[float, str]:
+def exp_floor(dtype=np.float64, clock=time.perf_counter, threads: int = 1
+              ) -> tuple[float, str]:
     """The fastest exp of the process in `dtype` (see the module docstring): (ns per
-    element, whose: "numpy" or "torch"), wall time or, with clock=time.thread_time, this
-    thread's CPU time."""
-    x = np.random.default_rng(0).uniform(FLOOR_RANGE[dtype], 0, FLOOR_SIZE).astype(dtype)
-    out = np.empty_like(x)
-    seconds = {"numpy": best_of(lambda: [np.exp(x, out=out) for _ in range(100)], 5, clock)}
+    element and thread, whose: "numpy" or "torch"), wall time or, with
+    clock=time.thread_time, each thread's CPU time. With threads > 1 that many threads run
+    it at once, each on its own arrays (rounds started together at a barrier): the floor of
+    a kernel on that many threads is what they reach together, not one thread's rate times
+    their number (two threads of this project's 2-vCPU machines have reached 1.3-1.7x one
+    thread's rate, benchmarks/RESULTS.md 2026-12-02 13:00)."""
     torch = _torch()
+    libraries = {"numpy": lambda x, out: np.exp(x, out=out)}
     if torch is not None:
-        tx, tout = torch.from_numpy(x), torch.from_numpy(out)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        libraries["torch"] = lambda x, out: torch.exp(torch.from_numpy(x),
+                                                      out=torch.from_numpy(out))
+    seconds = {}
+    for name, exp in libraries.items():
+        per_thread = [[] for _ in range(threads)]
+        barrier = threading.Barrier(threads)
+
+        def work(times: list, exp=exp, barrier=barrier) -> None:
+            x = np.random.default_rng(0).uniform(FLOOR_RANGE[dtype], 0, FLOOR_SIZE).astype(dtype)
+            out = np.empty_like(x)
+            for _ in range(5):
+                barrier.wait()
+                start = clock()
+                for _ in range(100):
+                    exp(x, out)
+                times.append(clock() - start)
+
+        saved = torch.get_num_threads() if torch is not None else None
+        if torch is not None:
+            torch.set_num_threads(1)
         try:
-            seconds["torch"] = best_of(lambda: [torch.exp(tx, out=tout) for _ in range(100)],
-                                       5, clock)
+            if threads == 1:
+                work(per_thread[0])
+            else:
+                workers = [threading.Thread(target=work, args=(t,)) for t in per_thread]
+                for w in workers:
+                    w.start()
+                for w in workers:
+                    w.join()
         finally:
-            torch.set_num_threads(threads)
+            if torch is not None:
+                torch.set_num_threads(saved)
+        seconds[name] = float(np.median([min(t) for t in per_thread]))
     name = min(seconds, key=seconds.get)
-    return seconds[name] / 100 / x.size * 1e9, name
+    return seconds[name] / 100 / FLOOR_SIZE * 1e9, name
 
 
 def w1(runs: int, steps: int, rows: list, torch_too: bool) -> None:
     floors = {}
     for dtype in (np.float64, np.float32):
-        ns, whose = exp_floor(dtype)
+        ns, whose = exp_floor(dtype, threads=n_threads())
         floors[dtype] = n_threads() / ns * 1e9
-        rows.append(("W1", f"floor: fastest exp x threads, {np.dtype(dtype).name}",
+        alone = exp_floor(dtype)[0]
+        rows.append(("W1", f"floor: fastest exp on all threads at once, {np.dtype(dtype).name}",
                      f"{n_threads()} thr", floors[dtype], None,
-                     f"{whose} exp, {ns:.3f} ns per element"))
+                     f"{whose} exp, {ns:.3f} ns per element and thread ({alone:.3f} on one "
+                     f"thread alone: {n_threads()} threads reach {alone / ns * n_threads():.2f}x "
+                     "its rate)"))
     floor = floors[np.float64]
     x0 = uniform((runs, N), D, seed=0)
     few = min(runs, 20)
@@ -150,8 +186,9 @@ def w1(runs: int, steps: int, rows: list, torch_too: bool) -> None:
         af.simulate(model, x, t_end=DT, dt=DT, normalize=True)
         rates, fractions, cpu_fractions, cpu_rates = [], [], [], []
         for _ in range(ALTERNATIONS if backend == "fused" else 1):
-            floor_now = n_threads() / exp_floor(dtype)[0] * 1e9
-            floor_cpu = 1e9 / exp_floor(dtype, time.thread_time)[0]  # per CPU second
+            floor_now = n_threads() / exp_floor(dtype, threads=n_threads())[0] * 1e9
+            # per CPU second of the floor's threads, all running at once
+            floor_cpu = 1e9 / exp_floor(dtype, time.thread_time, n_threads())[0]
             cpu = time.process_time()
             traj = af.simulate(model, x, t_end=n_steps * DT, dt=DT, save_at=[n_steps * DT],
                                normalize=True)
@@ -169,7 +206,8 @@ def w1(runs: int, steps: int, rows: list, torch_too: bool) -> None:
             note += "; fractions of the floor beside each run: " + ", ".join(
                 f"{f:.3f}" for f in fractions)
         note += ("; in CPU time (pairs per CPU second of the process over the floor's per "
-                 "CPU second of its thread): " + ", ".join(f"{f:.3f}" for f in cpu_fractions))
+                 "CPU second of its threads, all running at once): "
+                 + ", ".join(f"{f:.3f}" for f in cpu_fractions))
         if dtype == np.float32:
             err = np.abs(traj.final - finals["attnflow fused f64, RK4"]).max()
             wall64, cpu64 = medians["attnflow fused f64, RK4"]
@@ -245,7 +283,7 @@ def w5(runs: int, steps: int, rows: list, alternations: int = 5) -> None:
     seen: dict[str, dict[str, list]] = {name: {k: [] for k in keys} for name in variants}
     for _ in range(alternations):
         for name, (model, method, kw) in variants.items():
-            floor = n_threads() / exp_floor()[0] * 1e9
+            floor = n_threads() / exp_floor(threads=n_threads())[0] * 1e9
             traj, cpu = run(model, method, kw)
             rate = runs * PAIRS * traj.n_evals / traj.wall_time
             steps_done = traj.integrator["n_steps"]
@@ -298,7 +336,14 @@ def w2(n: int, d: int, rows: list) -> None:
                      f"max |blocked - dense| at n={min(n, 2048)}: {res['err']:.1e}"))
 
 
-SDPA_REPEATS = {65536: 1}  # best of 3 below this size (the first call warms up)
+# Each side is timed in runs of its own calls, alternating, ROUNDS times; the first call of
+# each run is not counted: after a torch call its OpenMP workers spin for a while and take
+# the cores from the next call (measured 2026-12-02, n = 1024, d = 64, float32, 2 threads:
+# attnflow right after SDPA 2.25 ms, 1.44 ms with OMP_WAIT_POLICY=PASSIVE, 1.25 ms alone;
+# SDPA 1.75 ms in every case). Calls per run by size (at 65 536 one call, counted: seconds
+# long, a few ms of spinning do not matter).
+SDPA_ROUNDS = 3
+SDPA_CALLS = {1024: 8, 4096: 4, 16384: 2, 65536: 1}
 
 
 def sdpa(sizes: list[int], rows: list) -> None:
@@ -336,14 +381,19 @@ def _sdpa_row(torch, x: np.ndarray, beta: float) -> tuple:
         return torch.nn.functional.scaled_dot_product_attention(tx, tx, tx, is_causal=True,
                                                                 scale=beta)
 
+    calls = SDPA_CALLS.get(n, 2)
     t_ours, t_theirs = [], []
-    for _ in range(SDPA_REPEATS.get(n, 3)):  # no warm-up: compiled at the smallest n
-        start = time.perf_counter()
-        got = ours()
-        t_ours.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        want = theirs()
-        t_theirs.append(time.perf_counter() - start)
+    for _ in range(SDPA_ROUNDS if calls > 1 else 1):  # compiled at the smallest n already
+        for fn, times in ((ours, t_ours), (theirs, t_theirs)):
+            for call in range(calls + (calls > 1)):
+                start = time.perf_counter()
+                result = fn()
+                if call or calls == 1:
+                    times.append(time.perf_counter() - start)
+            if fn is ours:
+                got = result
+            else:
+                want = result
     err = np.abs(got - want.reshape(n, d).numpy()).max()
     ratio = min(t_theirs) / min(t_ours)
     return ("SDPA", f"causal, d={d}, beta={beta:g}, {x.dtype}", f"n={n}",
