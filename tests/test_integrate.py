@@ -200,3 +200,28 @@ def test_stepping_shares_of_the_runs_in_parallel_changes_nothing(method):
     assert np.array_equal(whole.states, shares.states)
     assert np.array_equal(af.simulate(model, x0, 0.5, save_at=[0.5], method=method,
                                       dt=0.1).final, whole.states[-1])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [2, 3, 9])
+def test_rk4_step_on_the_sphere_matches_the_formula(d, dtype):
+    """The fused RK4 finish (d fixed at compile time up to sphere.SMALL_D) against
+    normalize(x + h/6 (k1 + 2 k2 + 2 k3 + k4)) written out with numpy, for a linear field."""
+    from attnflow.integrate import rk4_step
+
+    rng = np.random.default_rng(d)
+    A = rng.standard_normal((d, d))
+    x = normalize(rng.standard_normal((6, 5, d))).astype(dtype)
+    h = 0.1
+
+    def field(y):
+        return (y @ A.T).astype(dtype)
+
+    k1 = field(x)
+    k2 = field(x + h / 2 * k1)
+    k3 = field(x + h / 2 * k2)
+    k4 = field(x + h * k3)
+    want = normalize(x.astype(np.float64) + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4))
+    got = rk4_step(field, x, h)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, want, rtol=0, atol=50 * np.finfo(dtype).eps)

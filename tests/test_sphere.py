@@ -92,3 +92,18 @@ def test_geodesic_distance_is_symmetric_and_rotation_invariant(pair):
     assert dist == pytest.approx(sphere.geodesic_distance(y, x), abs=1e-15)
     assert dist == pytest.approx(sphere.geodesic_distance(R @ x, R @ y), abs=1e-12)
     assert 0.0 <= dist <= np.pi
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d", [1, 2, 3, 8, 9, 64])
+def test_batched_projection_matches_the_formula(d, dtype):
+    """The one-pass projection (d fixed at compile time up to sphere.SMALL_D, read at run time
+    above) against y - <x, y> x written out in float64."""
+    rng = np.random.default_rng(d)
+    x = sphere.normalize(rng.standard_normal((5, 7, d))).astype(dtype)
+    y = rng.standard_normal((5, 7, d)).astype(dtype)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    want = y64 - (x64 * y64).sum(-1, keepdims=True) * x64
+    got = sphere.project(x, y)
+    assert got.dtype == dtype and got.shape == y.shape
+    np.testing.assert_allclose(got, want, rtol=0, atol=8 * d * np.finfo(dtype).eps)

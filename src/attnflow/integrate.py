@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -57,7 +57,7 @@ from attnflow.errors import NonFiniteStateError
 from attnflow.implicit import IMPLICIT, solve_implicit
 from attnflow.manifolds import SPHERE, Manifold, as_manifold
 from attnflow.parallel import parallel_ranges
-from attnflow.sphere import exp_map, inner, normalize, project
+from attnflow.sphere import SMALL_D, exp_map, inner, normalize, project
 
 Field = Callable[[np.ndarray], np.ndarray]
 Progress = Callable[[float], None]
@@ -158,7 +158,9 @@ def rk4_step(field: Field, x: np.ndarray, h: float, manifold: Manifold = SPHERE
     k4 = field(_axpy(x, h, k3))
     if manifold == SPHERE and _fusable(x, k1, k2, k3, k4):  # one pass instead of ten (W1)
         out = np.empty_like(x)
-        _rk4_finish(*(a.reshape(-1, x.shape[-1]) for a in (x, k1, k2, k3, k4, out)), h)
+        d = x.shape[-1]
+        _rk4_finish_of(d if d <= SMALL_D else 0)(
+            *(a.reshape(-1, d) for a in (x, k1, k2, k3, k4, out)), h)
         return out
     return manifold.retract(x + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4))
 
@@ -185,20 +187,27 @@ def _axpy_flat(x, a, k, out):
         out[i] = x[i] + a * k[i]
 
 
-@njit(nogil=True, cache=True)
-def _rk4_finish(x, k1, k2, k3, k4, out, h):
-    """out = normalize(x + (h/6) (k1 + 2 k2 + 2 k3 + k4)) row by row, (m, d) arrays, with
-    numpy's order of operations (in float64 also for float32 inputs)."""
-    c = h / 6
-    for r in range(x.shape[0]):
-        norm2 = 0.0
-        for j in range(x.shape[1]):
-            y = x[r, j] + c * (((k1[r, j] + 2 * k2[r, j]) + 2 * k3[r, j]) + k4[r, j])
-            out[r, j] = y
-            norm2 += y * y
-        norm = np.sqrt(norm2)
-        for j in range(x.shape[1]):
-            out[r, j] /= norm
+@cache
+def _rk4_finish_of(d: int):
+    """rk4_finish(x, k1, k2, k3, k4, out, h): out = normalize(x + (h/6) (k1 + 2 k2 + 2 k3 +
+    k4)) row by row for (m, d) arrays, with numpy's order of operations (in float64 also for
+    float32 inputs); d fixed at compile time as in `sphere.project` (d = 0: any d)."""
+
+    @njit(nogil=True, cache=True)
+    def rk4_finish(x, k1, k2, k3, k4, out, h):
+        c = h / 6
+        width = d if d else x.shape[1]
+        for r in range(x.shape[0]):
+            norm2 = 0.0
+            for j in range(width):
+                y = x[r, j] + c * (((k1[r, j] + 2 * k2[r, j]) + 2 * k3[r, j]) + k4[r, j])
+                out[r, j] = y
+                norm2 += y * y
+            norm = np.sqrt(norm2)
+            for j in range(width):
+                out[r, j] /= norm
+
+    return rk4_finish
 
 
 def exp_chart(x: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
