@@ -72,7 +72,7 @@ from machine import AVX2_ENV, describe, loadavg  # noqa: E402
 HERE = Path(__file__).parent
 BETA, N, D, DT = 64.0, 200, 2, 0.05
 PAIRS = N * (N + 1) // 2
-ALTERNATIONS = 3  # floor / simulation pairs timed for each fused W1 row (median reported)
+ALTERNATIONS = 5  # floor / simulation pairs timed for each fused W1 row (median reported)
 
 
 def best_of(fn, repeats: int = 3, clock=time.perf_counter) -> float:

@@ -12,8 +12,9 @@ O(threads block^2 + n (e + f)) instead of O(n^2): at n = 65 536 a dense float64 
 needs 34 GB, this kernel a few MB of blocks.
 
 What makes it fast (W2 in benchmarks/run.py, n = 65 536, d = 64, causal, counting 2 n^2 d
-flops: 0.67-0.80 of the GEMM rate of its dtype on a 2-core AVX2 AMD EPYC, 0.78-0.82 on an
-AVX-512 one, benchmarks/RESULTS.md):
+flops: 0.67-0.80 of the GEMM rate of its dtype on a 2-core AVX2 AMD EPYC; on an AVX-512
+Zen 5 0.70-0.82 with OpenBLAS's AVX2 kernels, 0.61-0.81 with its AVX-512 ones, whose GEMMs
+run 1.7-2x faster, benchmarks/RESULTS.md):
 * key blocks entirely outside the mask are skipped (a causal mask visits about half of
   them); blocks crossing the band's edge are masked row by row inside the exp pass;
 * the two products per block pair are BLAS products (about 70% of one core's GEMM rate;
