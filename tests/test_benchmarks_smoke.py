@@ -23,7 +23,8 @@ def test_run_quick(tmp_path):
     text = load("run").main(["--quick", "--no-torch", "--results", str(results)])
     for row in ("| W1 | attnflow fused f64, RK4", "| W1 | attnflow fused f32, RK4",
                 "| W1 | floor: fastest exp on all threads at once, float64 |",
-                "| W1 | floor: fastest exp on all threads at once, float32 |", "| W1 | baseline (a)",
+                "| W1 | floor: fastest exp on all threads at once, float32 |",
+                "| W1 | baseline (a)",
                 "| W2 | blocked kernel, one causal field evaluation, float64 |",
                 "| W2 | blocked kernel, one causal field evaluation, float32 |",
                 "| W3 | dopri5 vs RK4", "| W3 | bdf vs RK4", "| rk4 | dt=0.5 |"):
