@@ -1,4 +1,6 @@
 """`wide_vectors()`: let LLVM vectorise the calling numba function with 512-bit registers;
+`arrays_do_not_overlap()`: tell LLVM that the calling function's array arguments do not
+overlap where written (numba cannot say so itself: `@njit` has no such option);
 `vector_bytes()`: the width of the vector registers that numba's code uses on this target.
 
 LLVM tunes AVX-512 CPUs to prefer 256-bit vectors (the "prefer-256-bit" tuning, from the
@@ -20,6 +22,7 @@ from __future__ import annotations
 from functools import cache
 
 import llvmlite.binding as ll
+from llvmlite import ir
 from numba import types
 from numba.core.registry import cpu_target
 from numba.extending import intrinsic
@@ -68,3 +71,21 @@ def vector_bytes() -> int:
         if f"%{register}" in asm:
             return size
     return 16
+
+
+@intrinsic
+def arrays_do_not_overlap(typingctx):
+    """Call once at the top of an njit function whose array arguments' data never overlap
+    where any of them is written (arrays only read may be the same): marks each array
+    argument's data pointer noalias (numba passes an array as its members; the data pointer
+    is the fifth, named arg.<name>.4), so that LLVM may keep values loaded from one array in
+    registers while it stores to another. No arguments, returns None; emits no code."""
+
+    def codegen(context, builder, signature, args):
+        for arg in builder.function.args:
+            if arg.name.startswith("arg.") and arg.name.endswith(".4") \
+                    and isinstance(arg.type, ir.PointerType):
+                arg.add_attribute("noalias")
+        return context.get_dummy_value()
+
+    return types.none(), codegen

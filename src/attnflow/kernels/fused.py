@@ -20,6 +20,12 @@ What makes it fast (benchmarks/RESULTS.md):
   is `vexp2`, 2^s, one operation cheaper than exp (vectorised by LLVM, no subnormal slow
   path); LLVM is asked for 512-bit
   vectors where the CPU has them (`attnflow.kernels._simd`: 1.5x here);
+* the tiles and the running sums are arguments, allocated on cache lines (`_aligned_zeros`),
+  whose data pointers the kernel declares non-overlapping (`_simd.arrays_do_not_overlap`):
+  LLVM then keeps the row's queries, shifts and sums in registers across the keys instead of
+  reloading and storing them for every key (measured 2026-12-02 on an AVX-512 Zen 5, one
+  thread, interleaved in one process: float64 0.54-0.58 -> 0.48-0.51 ns per causal pair,
+  float32 0.27-0.30 -> 0.21-0.23; with AVX2 even);
 * tiles are shared among threads (`attnflow.parallel`), both cores.
 
 Every mask: causal, full and ("window", w) as bands; boolean arrays as the band [0, n) plus
@@ -42,7 +48,7 @@ import numpy as np
 from numba import njit
 
 from attnflow._checks import fail
-from attnflow.kernels._simd import vector_bytes, wide_vectors
+from attnflow.kernels._simd import arrays_do_not_overlap, vector_bytes, wide_vectors
 from attnflow.kernels._vexp import vexp2
 from attnflow.kernels.masks import MaskSpec, mask_matrix
 from attnflow.kernels.options import check_options
@@ -54,6 +60,7 @@ __all__ = ["LANES", "SUPPORTS", "attend", "band", "row_top", "tile_runs"]
 SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.options`)
 
 LANES = 64  # runs per share of work that keeps whole tiles in every dtype (`tile_runs`)
+ALIGN = 64  # bytes: the start of every scratch array of the kernel (`_aligned_zeros`)
 TILE_REGISTERS = 4  # vector registers of one coordinate of a tile (see the module docstring)
 # Largest spread of a row's scores for which the Cauchy-Schwarz bound may replace the row
 # maximum: exp(-spread - 37) (float64) / exp(-spread - 17) (float32) must stay normal.
@@ -129,6 +136,16 @@ def _base2_bias(token_bias, lo, hi, log_weights, out, top):
         top[i] = LOG2E * t
 
 
+def _aligned_zeros(shape: int | tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros whose data start on a cache line (64 bytes): every row of a tile is a whole
+    number of vector registers, so no vector load or store then spans two cache lines (numpy
+    aligns to 16 bytes; misaligned tiles measured up to 2x slower in float32 on AVX2)."""
+    size = int(np.prod(shape))
+    raw = np.zeros(size * np.dtype(dtype).itemsize + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + size * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+
+
 @cache
 def _compile(e: int, f: int, biased: bool, lanes: int):
     """The kernel for head sizes e (queries/keys) and f (values) and tiles of `lanes` runs,
@@ -138,8 +155,9 @@ def _compile(e: int, f: int, biased: bool, lanes: int):
 
     @njit(nogil=True, fastmath=FASTMATH, cache=True)
     def kernel(q, k, v, mem_k, mem_v, bias, top, safe, lo, hi, beta, out, acc,
-               tile0, tile1):
+               qt, kt, vt, k_max, offset, total, tile0, tile1):
         wide_vectors()
+        arrays_do_not_overlap()
         runs, n = q.shape[0], q.shape[1]
         m = mem_k.shape[0]
         zero = q.dtype.type(0)
@@ -147,17 +165,11 @@ def _compile(e: int, f: int, biased: bool, lanes: int):
         # keys/values, the same in every lane; lanes past the last run stay zero. Inner loops
         # index only views taken outside them (kt[j], acc[c]) with range variables, so LLVM
         # sees non-negative indices and no aliasing, and vectorises them.
-        qt = np.zeros((n, e, lanes), q.dtype)  # beta * queries
-        kt = np.zeros((n + m, e, lanes), q.dtype)
-        vt = np.zeros((n + m, f, lanes), q.dtype)
         for j in range(m):
             for c in range(e):
                 kt[n + j, c] = mem_k[j, c]
             for c in range(f):
                 vt[n + j, c] = mem_v[j, c]
-        k_max = np.empty(lanes, q.dtype)  # max_j |k_j| in each lane
-        offset = np.empty(lanes, q.dtype)  # minus the shift of the row's scores
-        total = np.empty(lanes, q.dtype)  # sum_r w_r
         for tile in range(tile0, tile1):
             b0 = tile * lanes
             used = min(lanes, runs - b0)
@@ -285,8 +297,13 @@ def attend(
 
         def run(t0: int, t1: int) -> None:
             # sum_r w_r v_rc for each c: separate arrays, so LLVM vectorises each row's update
-            acc = tuple(np.empty(lanes, dtype) for _ in range(f))
-            kernel(*args, acc, t0, t1)
+            acc = tuple(_aligned_zeros(lanes, dtype) for _ in range(f))
+            m = len(mem_k)
+            qt = _aligned_zeros((n, e, lanes), dtype)  # beta * queries
+            kt = _aligned_zeros((n + m, e, lanes), dtype)  # rows n..: the memory keys
+            vt = _aligned_zeros((n + m, f, lanes), dtype)
+            k_max, offset, total = (_aligned_zeros(lanes, dtype) for _ in range(3))
+            kernel(*args, acc, qt, kt, vt, k_max, offset, total, t0, t1)
 
         parallel_ranges(run, tiles,
                         cost=tiles * lanes * n * bias.shape[1] * (e + f + 8))
