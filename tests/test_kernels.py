@@ -107,6 +107,20 @@ def test_blocked_exact_maximum_rows_beside_bounded_ones():
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
 
+def test_blocked_query_blocks_longer_than_key_blocks(rng):
+    """Query blocks above blocked.BLOCK meet key blocks of BLOCK (the default from
+    blocked.LONGER tokens): every mask, with memory, against the dense reference."""
+    n = blocked.BLOCK * 2 + 37
+    x = af.sphere.uniform(n, 8, seed=rng)
+    q = x * rng.uniform(0.5, 2.0, (n, 1))
+    mem = memory(rng, 8, 8)
+    for mask in ("causal", "full", ("window", blocked.BLOCK + 5)):
+        for m in (None, mem):
+            want = dense.attend(q, x, x, 3.0, mask, m)
+            got = blocked.attend(q, x, x, 3.0, mask, m, block=blocked.BLOCK * 2)
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
 def test_blocked_float32_close_to_float64():
     rng = np.random.default_rng(9)
     q, k, v = (rng.standard_normal((300, 8)) for _ in range(3))

@@ -84,6 +84,13 @@ BLOCK = 256  # queries and keys per block: score blocks of 512 kB (float64) stay
 # against 16.0 / 19.8; from n = 4096 (16 blocks of 256) 256 was faster (one thread: 256
 # 5-10% faster at every n).
 LONG, SHORT_BLOCK = 4096, 128
+# From LONGER tokens such heads take query blocks of LONGER_BLOCK against key blocks of BLOCK
+# (keys per block are never more than BLOCK): each key block's products then serve twice the
+# queries. Measured 2026-12-02 on a 2-core AVX-512 AMD EPYC (Zen 5), d = 64, causal, two
+# threads, benchmarks/RESULTS.md: n = 65 536 float32 0.57 -> 0.71 of the GEMM rate with
+# OpenBLAS's AVX-512 kernels, float64 0.69 -> 0.72; n = 16 384 with its AVX2 kernels float32
+# 0.85 -> 0.86, float64 0.79 -> 0.82.
+LONGER, LONGER_BLOCK = 16384, 512
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
@@ -154,8 +161,9 @@ def attend(
     O(block^2) working memory per thread. Leading axes broadcast and are looped over.
     Computed in float32 when all inputs are float32, else float64. Returns (..., n, f).
     Called from the main thread, BLAS runs single-threaded (process-wide) during the call.
-    block: queries and keys per block; None: BLOCK, or SHORT_BLOCK below LONG tokens for
-    heads that take the BLAS products (above SMALL_HEAD)."""
+    block: queries per block, and keys per block up to BLOCK; None: BLOCK, or for heads that
+    take the BLAS products (above SMALL_HEAD) SHORT_BLOCK below LONG tokens and LONGER_BLOCK
+    from LONGER tokens on."""
     n, f = q.shape[-2], v.shape[-1]
     bias, normalization = check_options("blocked", SUPPORTS, n, mask, memory, bias,
                                         normalization)
@@ -163,7 +171,8 @@ def attend(
     if dtype not in (np.float32, np.float64):
         raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")
     if block is None:
-        block = BLOCK if _small(q.shape[-1], f) or n >= LONG else SHORT_BLOCK
+        block = (BLOCK if _small(q.shape[-1], f) or LONG <= n < LONGER
+                 else SHORT_BLOCK if n < LONG else LONGER_BLOCK)
     if int(block) != block or block < 1:
         raise fail("block", "an integer >= 1", repr(block))
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -216,6 +225,7 @@ def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
     shift = np.where(exact, -np.inf, bound + top_offset).astype(dtype)
     out = np.empty((n, f), dtype)
     blocks = -(-n // block)
+    key_block = min(block, BLOCK)
     no_bias = np.zeros((0, 0), dtype)
 
     small = _small(qb.shape[1], f)
@@ -225,7 +235,8 @@ def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
         keys, values, mem_k, mem_v = k, v, memory.k, memory.v
 
     def run(b0: int, b1: int) -> None:
-        buffer, product = np.empty(block * max(block, m), dtype), np.empty((block, f), dtype)
+        buffer = np.empty(block * max(key_block, m), dtype)
+        product = np.empty((block, f), dtype)
         for i0 in range((blocks - b1) * block, (blocks - b0) * block, block):  # heaviest first
             rows = slice(i0, min(n, i0 + block))
             q_rows, lo_rows, hi_rows, exact_rows = qb[rows], lo[rows], hi[rows], exact[rows]
@@ -234,7 +245,7 @@ def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
             state = exact_rows, top, total, acc, buffer, product[:r], small
             first, last = int(lo_rows.min()), int(hi_rows.max())
             _sweep(q_rows, keys, values, no_bias if bias is None else bias[rows],
-                   first - first % block, last, block, lo_rows, hi_rows, *state)
+                   first - first % key_block, last, key_block, lo_rows, hi_rows, *state)
             if m:  # every query attends to every memory key
                 _sweep(q_rows, mem_k, mem_v, np.tile(memory.log_weights, (r, 1)), 0, m, m,
                        np.zeros(r, np.int64), np.full(r, m), *state)
