@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--target", choices=("both", "native", "avx2"), default="both")
     parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected an integer >= 1, got {args.rounds}")
     if args.target in ("both", "avx2") and os.environ.get("ATEN_CPU_CAPABILITY") != "avx2":
         texts = [main(["--target", "native", "--rounds", str(args.rounds)])] \
             if args.target == "both" else []

@@ -462,6 +462,9 @@ def markdown(rows: list, table: list, command: str, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+WORKLOADS = ("W1", "W2", "W3", "W5", "SDPA")
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
@@ -484,6 +487,18 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--results", default=str(HERE / "RESULTS.md"),
                         help="Markdown file to append to ('' for none)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.only.split(",")) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"--only: expected a comma-separated subset of {', '.join(WORKLOADS)} "
+                     f"(W4, the torch backend, is W1's torch row), got {', '.join(unknown)}")
+    for name in ("runs", "steps", "alternations"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name}: expected an integer >= 1, got {value}")
+    if args.sdpa_sizes is not None and not all(
+            n.isdigit() and int(n) >= 1 for n in args.sdpa_sizes.split(",")):
+        parser.error(f"--sdpa-sizes: expected comma-separated integers >= 1, got "
+                     f"{args.sdpa_sizes!r}")
     if args.target == "avx2" and os.environ.get("ATEN_CPU_CAPABILITY") != "avx2":
         child = subprocess.run([sys.executable, __file__, *(argv or sys.argv[1:])],
                                env={**os.environ, **AVX2_ENV}, capture_output=True, text=True)
