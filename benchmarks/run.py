@@ -106,8 +106,8 @@ def exp_floor(dtype=np.float64, clock=time.perf_counter, threads: int = 1
     clock=time.thread_time, each thread's CPU time. With threads > 1 that many threads run
     it at once, each on its own arrays (rounds started together at a barrier): the floor of
     a kernel on that many threads is what they reach together, not one thread's rate times
-    their number (two threads of this project's 2-vCPU machines have reached 1.3-1.7x one
-    thread's rate, benchmarks/RESULTS.md 2026-12-02 13:00)."""
+    their number (two threads of this project's 2-vCPU machines have reached 1.13-2.16x one
+    thread's rate, benchmarks/RESULTS.md 2026-12-02 12:33-13:22)."""
     torch = _torch()
     libraries = {"numpy": lambda x, out: np.exp(x, out=out)}
     if torch is not None:

@@ -75,7 +75,7 @@ __all__ = ["BLOCK", "SUPPORTS", "attend"]
 SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.options`)
 
 SMALL_HEAD = 4  # head sizes up to which the products are numba loops, not BLAS
-BLOCK = 256  # queries and keys per block: score blocks of 512 kB (float64) stay in L2 cache
+BLOCK = 256  # keys per block, queries too below LONGER: 512 kB float64 score blocks, in L2
 # Below LONG tokens, BLAS products (heads above SMALL_HEAD) take blocks of SHORT_BLOCK: twice
 # the query blocks to share among threads. Measured 2026-12-02 on the 2-core AVX2 AMD EPYC,
 # d = 64, two threads, another session's load on the machine (best / median of 7-15,
@@ -171,8 +171,7 @@ def attend(
     if dtype not in (np.float32, np.float64):
         raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")
     if block is None:
-        block = (BLOCK if _small(q.shape[-1], f) or LONG <= n < LONGER
-                 else SHORT_BLOCK if n < LONG else LONGER_BLOCK)
+        block = _default_block(n, _small(q.shape[-1], f))
     if int(block) != block or block < 1:
         raise fail("block", "an integer >= 1", repr(block))
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -194,6 +193,15 @@ def attend(
                                 np.ascontiguousarray(v[idx], dtype), lo, hi, bias,
                                 top_offset, memory, int(block))
     return out
+
+
+def _default_block(n: int, small: bool) -> int:
+    """Queries per block for n tokens: BLOCK for `small` heads (numba loops, no BLAS); for
+    heads that take the BLAS products SHORT_BLOCK below LONG tokens, LONGER_BLOCK from LONGER
+    on, BLOCK between."""
+    if small or LONG <= n < LONGER:
+        return BLOCK
+    return SHORT_BLOCK if n < LONG else LONGER_BLOCK
 
 
 def _small(e: int, f: int) -> bool:
