@@ -13,7 +13,6 @@ from attnflow.kernels import KERNELS, auto, blocked, dense, fused, get_kernel
 from attnflow.kernels import torch as torch_kernel
 from attnflow.kernels._vexp import vexp, vexp2
 from attnflow.kernels.types import Memory
-from attnflow.parallel import parallel_ranges
 
 FAST = {
     "fused": fused.attend,
@@ -202,21 +201,6 @@ def test_results_do_not_depend_on_threads(monkeypatch):
     many = fused.attend(x, x, x, 9.0, "causal")
     monkeypatch.setenv("ATTNFLOW_THREADS", "1")
     assert np.array_equal(fused.attend(x, x, x, 9.0, "causal"), many)
-
-
-def test_parallel_ranges_covers_once(monkeypatch):
-    monkeypatch.setenv("ATTNFLOW_THREADS", "2")
-    for size, grain in ((1, 1), (2, 1), (7, 1), (1000, 1), (1000, 32), (40, 32), (5000, 32)):
-        hits = np.zeros(size, int)
-        starts = []
-
-        def run(a, b, hits=hits, starts=starts):
-            hits[a:b] += 1
-            starts.append(a)
-
-        parallel_ranges(run, size, cost=1e12, grain=grain)
-        assert (hits == 1).all()
-        assert all(a % grain == 0 for a in starts)
 
 
 @pytest.mark.parametrize("fn, exact, lowest64, highest64, lowest32", [

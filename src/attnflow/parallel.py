@@ -4,18 +4,21 @@ The kernels are compiled with ``nogil=True`` and run one contiguous share of the
 call, so plain Python threads run them in parallel. Shares are handed out dynamically (more
 shares than threads), which keeps both cores busy when the machine is shared and one core
 is slower than the other; numba's own prange (static shares, spinning barriers) lost a
-factor of 10 here under such load.
+factor of 10 here under such load. The calling thread takes shares too, from the first one,
+while the pool's threads wake up (30-60 us each on the 2-core development machine): a call
+too small to be worth the wake-up is done by the caller alone, little slower than inline.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from functools import cache
 
-__all__ = ["n_threads", "parallel_ranges"]
+__all__ = ["in_share", "n_threads", "parallel_ranges"]
 
 SHARES_PER_THREAD = 8
 _worker = threading.local()  # .busy: this thread is running a share
@@ -35,29 +38,50 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="attnflow")
 
 
+def in_share() -> bool:
+    """Whether this thread is running a share of a `parallel_ranges` call."""
+    return getattr(_worker, "busy", False)
+
+
 def parallel_ranges(run: Callable[[int, int], object], size: int, cost: float,
                     grain: int = 1) -> None:
     """Call run(start, stop) over shares of range(size) covering it exactly once, on
-    `n_threads()` threads when the total `cost` is worth it, else inline. Share bounds are
-    multiples of `grain` (but the last). Calls made from inside a share (nested parallelism,
-    e.g. a kernel inside an integrator's share of the runs) run inline: the outer level
-    already uses every thread."""
+    `n_threads()` threads (the caller's and the pool's) when the total `cost` is worth it,
+    else inline. Shares are taken in order (put the heaviest first), as each thread becomes
+    free. Share bounds are multiples of `grain` (but the last). Calls made from inside a share
+    (nested parallelism, e.g. a kernel inside an integrator's share of the runs) run inline:
+    the outer level already uses every thread. If a share raises, no further share starts;
+    the call returns (re-raising the first error) only once every started share has ended."""
     threads = n_threads()
     units = -(-size // grain)
-    if threads == 1 or cost < MIN_COST or units < 2 or getattr(_worker, "busy", False):
+    if threads == 1 or cost < MIN_COST or units < 2 or in_share():
         run(0, size)
         return
     shares = min(units, threads * SHARES_PER_THREAD)
     bounds = [min(size, units * s // shares * grain) for s in range(shares + 1)]
-    futures = [_pool(threads).submit(_as_worker, run, a, b)
-               for a, b in zip(bounds[:-1], bounds[1:])]
-    for fut in futures:
-        fut.result()
+    taken = itertools.count()  # next() on it is atomic: each share is taken once
+    failed = threading.Event()
 
+    def work() -> None:
+        _worker.busy = True
+        try:
+            for s in taken:
+                if s >= shares or failed.is_set():
+                    return
+                run(bounds[s], bounds[s + 1])
+        except BaseException:
+            failed.set()
+            raise
+        finally:
+            _worker.busy = False
 
-def _as_worker(run: Callable[[int, int], object], start: int, stop: int) -> None:
-    _worker.busy = True
+    helpers = [_pool(threads - 1).submit(work) for _ in range(min(threads, shares) - 1)]
     try:
-        run(start, stop)
+        work()
     finally:
-        _worker.busy = False
+        # Helpers still queued (not woken yet) are cancelled: there is nothing left for them.
+        # The others end before any error propagates: no share runs on after the call.
+        helpers = [helper for helper in helpers if not helper.cancel()]
+        wait(helpers)
+    for helper in helpers:
+        helper.result()  # a helper's error

@@ -71,7 +71,7 @@ from attnflow.kernels.fused import LOG2E, SAFE_SPREAD, band, row_top
 from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.options import check_options
 from attnflow.kernels.types import Memory, Normalization
-from attnflow.parallel import parallel_ranges
+from attnflow.parallel import in_share, parallel_ranges
 
 __all__ = ["BLOCK", "SUPPORTS", "attend"]
 
@@ -141,10 +141,11 @@ def _controller() -> ThreadpoolController:
 
 def _blas_on_one_thread() -> AbstractContextManager:
     """BLAS on one thread (a process-wide setting) until the context exits, when called from
-    the main thread; from other threads nothing changes: OpenBLAS (numpy's 0.3.31, scipy's
-    0.3.30) ignores thread counts set from other threads once the main thread has set one,
-    so a count set there might never be undone."""
-    if threading.current_thread() is threading.main_thread():
+    the main thread outside a share of `parallel_ranges`; elsewhere nothing changes: OpenBLAS
+    (numpy's 0.3.31, scipy's 0.3.30) ignores thread counts set from other threads once the
+    main thread has set one, so a count set there might never be undone, and inside a share
+    other threads may be in BLAS calls."""
+    if threading.current_thread() is threading.main_thread() and not in_share():
         return _controller().limit(limits=1, user_api="blas")
     return nullcontext()
 
