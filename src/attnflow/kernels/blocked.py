@@ -219,26 +219,13 @@ def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
     the memory log-weights by log2 e; top_offset: `fused.row_top` of those."""
     n, f, m = qb.shape[0], v.shape[1], len(memory.v)
     dtype = qb.dtype
-    # The Cauchy-Schwarz shift of each row, or -inf where the exact maximum is needed: row i's
-    # scores are <= bound_i + top_i and its maximum >= top_i - bound_i (top_i: the largest
-    # offset, score bias or memory log-weight, among its allowed keys).
-    # Its maximum is also at least the score of the row's last allowed token (in
-    # self-attention the query's own, which reaches the bound): the probe, -inf if forbidden.
-    k_max = np.sqrt(max(np.einsum("ij,ij->i", a, a).max(initial=0) for a in (k, memory.k)))
-    bound = np.sqrt(np.einsum("ij,ij->i", qb, qb)) * k_max
-    last = np.maximum(hi - 1, 0)
-    probe = np.einsum("ij,ij->i", qb, k[last])
-    if bias is not None:
-        probe = probe + bias[np.arange(n), last]
-    probe = np.where(hi > lo, probe, -np.inf)
-    with np.errstate(invalid="ignore"):  # rows without keys: -inf - -inf, exact anyway
-        spread = bound + top_offset - np.maximum(top_offset - bound, probe)
-    exact = ~(spread <= SAFE_SPREAD[dtype.type] * LOG2E) | (top_offset == -np.inf)
-    shift = np.where(exact, -np.inf, bound + top_offset).astype(dtype)
+    bias = np.zeros((0, 0), dtype) if bias is None else bias
+    exact, shift = np.empty(n, np.bool_), np.empty(n, dtype)
+    _shifts(qb, k, memory.k, lo, hi, bias, top_offset, SAFE_SPREAD[dtype.type] * LOG2E, exact,
+            shift)
     out = np.empty((n, f), dtype)
     blocks = -(-n // block)
     key_block = min(block, BLOCK)
-    bias = np.zeros((0, 0), dtype) if bias is None else bias
 
     small = _small(qb.shape[1], f)
     if small:  # keys and values transposed, for `_small_scores` and `_small_values`
@@ -254,6 +241,48 @@ def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
 
     parallel_ranges(run, blocks, cost=float((hi - lo + m).sum()) * (2 * (qb.shape[1] + f) + 30))
     return out
+
+
+@njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
+def _shifts(qb, k, mem_k, lo, hi, bias, top_offset, safe_spread, exact, shift):
+    """The fixed Cauchy-Schwarz shift of each row into shift (n,), or -inf with exact set
+    where the running maximum is needed (sums in float64). Row i's scores are at most
+    bound_i + top_i, bound_i = |q_i| max_j |k_j| over keys and memory keys (top_i: top_offset,
+    the largest offset, score bias or memory log-weight, among its allowed keys), and its
+    maximum is at least the larger of top_i - bound_i and the probe, the score of its last
+    allowed token (in self-attention the query's own, which reaches the bound). The shift
+    holds where the spread between the two is at most safe_spread. bias: (n, n) or (0, 0)."""
+    k_max = np.sqrt(max(_max_square_norm(k), _max_square_norm(mem_k)))
+    for i in range(qb.shape[0]):
+        top = top_offset[i]
+        if top == -np.inf:  # no allowed key: nothing to bound
+            exact[i], shift[i] = True, -np.inf
+            continue
+        q2, probe = 0.0, -np.inf
+        for c in range(qb.shape[1]):
+            q2 += float(qb[i, c]) * float(qb[i, c])
+        if hi[i] > lo[i]:
+            last = hi[i] - 1
+            probe = 0.0
+            for c in range(qb.shape[1]):
+                probe += float(qb[i, c]) * float(k[last, c])
+            if bias.shape[0]:
+                probe += bias[i, last]
+        bound = np.sqrt(q2) * k_max
+        exact[i] = not bound + top - max(top - bound, probe) <= safe_spread
+        shift[i] = -np.inf if exact[i] else bound + top
+
+
+@njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
+def _max_square_norm(a):
+    """max_j |a_j|^2 over the rows of a (0 for none), summed in float64."""
+    top = 0.0
+    for j in range(a.shape[0]):
+        t = 0.0
+        for c in range(a.shape[1]):
+            t += float(a[j, c]) * float(a[j, c])
+        top = max(top, t)
+    return top
 
 
 @njit(nogil=True, cache=True)
