@@ -50,8 +50,9 @@ def parallel_ranges(run: Callable[[int, int], object], size: int, cost: float,
     else inline. Shares are taken in order (put the heaviest first), as each thread becomes
     free. Share bounds are multiples of `grain` (but the last). Calls made from inside a share
     (nested parallelism, e.g. a kernel inside an integrator's share of the runs) run inline:
-    the outer level already uses every thread. If a share raises, no further share starts;
-    the call returns (re-raising the first error) only once every started share has ended."""
+    the outer level already uses every thread. If a share raises, no further share starts,
+    and the error (the caller's own, if its share raised too) propagates only once every
+    started share has ended."""
     threads = n_threads()
     units = -(-size // grain)
     if threads == 1 or cost < MIN_COST or units < 2 or in_share():
