@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
+from attnflow import parallel
 from attnflow.kernels import KERNELS, auto, blocked, dense, fused, get_kernel
 from attnflow.kernels import torch as torch_kernel
 from attnflow.kernels._vexp import vexp, vexp2
@@ -118,6 +119,25 @@ def test_blocked_query_blocks_longer_than_key_blocks(rng):
             want = dense.attend(q, x, x, 3.0, mask, m)
             got = blocked.attend(q, x, x, 3.0, mask, m, block=blocked.BLOCK * 2)
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_blocked_heads_share_threads_by_query_block(rng, monkeypatch):
+    """Several runs of BLAS-sized heads, with memory and a score bias, split across threads
+    by (query block, run): equal to the dense reference, and bit-identical on one thread."""
+    runs, n, e, f = 5, 61, 16, 12
+    q, k = rng.standard_normal((2, runs, n, e))
+    v = rng.standard_normal((runs, n, f))
+    mem = memory(rng, e, f)
+    bias = rng.standard_normal((n, n))
+    monkeypatch.setattr(parallel, "MIN_COST", 0)  # thread even these small calls
+    monkeypatch.setenv("ATTNFLOW_THREADS", "2")
+    for mask in ("causal", ("window", 9)):
+        want = dense.attend(q, k, v, 1.5, mask, mem, bias=bias)
+        got = blocked.attend(q, k, v, 1.5, mask, mem, bias=bias, block=8)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+        monkeypatch.setenv("ATTNFLOW_THREADS", "1")
+        assert np.array_equal(blocked.attend(q, k, v, 1.5, mask, mem, bias=bias, block=8), got)
+        monkeypatch.setenv("ATTNFLOW_THREADS", "2")
 
 
 def test_blocked_float32_close_to_float64():

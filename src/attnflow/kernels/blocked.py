@@ -23,7 +23,10 @@ run 1.7-2x faster, benchmarks/RESULTS.md):
   pairs (with a Python loop over query blocks, n = 256 and 1024, d = 2 and 64, medians of
   100 alternating calls, ran 1.07-1.12x slower on two threads and 0.98-1.04x on one, on a
   2-core AVX-512 AMD EPYC, 2026-12-02);
-* threads share whole query blocks (`attnflow.parallel`, heaviest first), each with
+* threads share whole query blocks of every run at once (`attnflow.parallel`, heaviest
+  first; units of (query block, run), so that several heads of one or two blocks each still
+  fill both cores: 9 heads of 128-512 tokens, d = 64, 1.25-1.42x faster than run by run on
+  two threads, 2-core AVX-512 AMD EPYC, 2026-12-02), each with
   single-threaded BLAS (threadpoolctl; for calls from the main thread): a score block stays
   in its core's L2 cache from Q_b K_c^T through the exp pass to P V_c, and threads never
   wait for each other inside a block (two-thread BLAS on each block plus a threaded exp
@@ -162,7 +165,8 @@ def attend(
     block: int | None = None,
 ) -> np.ndarray:
     """Masked softmax attention, same contract as `attnflow.kernels.dense.attend`, in
-    O(block^2) working memory per thread. Leading axes broadcast and are looped over.
+    O(block^2) working memory per thread. Leading axes broadcast (each run is copied, as
+    contiguous (runs, n, .) arrays, before the threads share its query blocks).
     Computed in float32 when all inputs are float32, else float64. Returns (..., n, f).
     Called from the main thread, BLAS runs single-threaded (process-wide) during the call.
     block: queries per block, and keys per block up to BLOCK; None: BLOCK, or for heads that
@@ -190,12 +194,31 @@ def attend(
     memory = Memory(*(np.ascontiguousarray(a, dtype) for a in memory[:2]),
                     np.ascontiguousarray(np.asarray(memory.log_weights) * LOG2E, dtype))
     top_offset = row_top(lo, hi, bias, memory.log_weights)
+    block, small = int(block), _small(q.shape[-1], f)
+    bias = np.zeros((0, 0), dtype) if bias is None else bias
+    m = len(memory.v)
+    mem_bias = np.ascontiguousarray(np.broadcast_to(memory.log_weights, (block, m)))
+    # Every run at once, (runs, n, .): threads share (query block, run) units, so that several
+    # heads of a few blocks each still fill both cores.
+    qb, k, v = (np.ascontiguousarray(a, dtype).reshape(-1, n, a.shape[-1]) for a in (q, k, v))
+    qb = qb * dtype.type(beta * LOG2E)
+    runs = len(qb)
+    exact, shift = np.empty((runs, n), np.bool_), np.empty((runs, n), dtype)
+    _run_shifts(qb, k, memory.k, lo, hi, bias, top_offset, SAFE_SPREAD[dtype.type] * LOG2E,
+                exact, shift)
+    keys, values, mem_k, mem_v = k, v, memory.k, memory.v
+    if small:  # transposed, for `_small_scores` and `_small_values`
+        keys, values = (np.ascontiguousarray(a.transpose(0, 2, 1)) for a in (k, v))
+        mem_k, mem_v = (np.ascontiguousarray(a.T) for a in (mem_k, mem_v))
+    out_runs = out.reshape(runs, n, f)
+
+    def share(u0: int, u1: int) -> None:
+        _query_blocks(u0, u1, block, min(block, BLOCK), qb, keys, values, bias, lo, hi, exact,
+                      shift, mem_k, mem_v, mem_bias, small, out_runs)
+
+    cost = runs * float((hi - lo + m).sum()) * (2 * (q.shape[-1] + f) + 30)
     with _blas_on_one_thread():
-        for idx in np.ndindex(*lead):
-            qb = np.ascontiguousarray(q[idx], dtype) * dtype.type(beta * LOG2E)
-            out[idx] = _one_run(qb, np.ascontiguousarray(k[idx], dtype),
-                                np.ascontiguousarray(v[idx], dtype), lo, hi, bias,
-                                top_offset, memory, int(block))
+        parallel_ranges(share, runs * -(-n // block), cost=cost)
     return out
 
 
@@ -214,33 +237,11 @@ def _small(e: int, f: int) -> bool:
     return 0 < e and max(e, f) <= SMALL_HEAD
 
 
-def _one_run(qb, k, v, lo, hi, bias, top_offset, memory, block):
-    """Attention of one run in base-2 units: qb already multiplied by beta log2 e, the bias and
-    the memory log-weights by log2 e; top_offset: `fused.row_top` of those."""
-    n, f, m = qb.shape[0], v.shape[1], len(memory.v)
-    dtype = qb.dtype
-    bias = np.zeros((0, 0), dtype) if bias is None else bias
-    exact, shift = np.empty(n, np.bool_), np.empty(n, dtype)
-    _shifts(qb, k, memory.k, lo, hi, bias, top_offset, SAFE_SPREAD[dtype.type] * LOG2E, exact,
-            shift)
-    out = np.empty((n, f), dtype)
-    blocks = -(-n // block)
-    key_block = min(block, BLOCK)
-
-    small = _small(qb.shape[1], f)
-    if small:  # keys and values transposed, for `_small_scores` and `_small_values`
-        keys, values, mem_k, mem_v = (np.ascontiguousarray(a.T) for a in (k, v, *memory[:2]))
-    else:
-        keys, values, mem_k, mem_v = k, v, memory.k, memory.v
-
-    mem_bias = np.ascontiguousarray(np.broadcast_to(memory.log_weights, (block, m)))
-
-    def run(b0: int, b1: int) -> None:
-        _query_blocks(b0, b1, block, key_block, qb, keys, values, bias, lo, hi, exact, shift,
-                      mem_k, mem_v, mem_bias, small, out)
-
-    parallel_ranges(run, blocks, cost=float((hi - lo + m).sum()) * (2 * (qb.shape[1] + f) + 30))
-    return out
+@njit(nogil=True, cache=True)
+def _run_shifts(qb, k, mem_k, lo, hi, bias, top_offset, safe_spread, exact, shift):
+    """`_shifts` of every run: qb, k (runs, n, e), exact and shift (runs, n)."""
+    for r in range(qb.shape[0]):
+        _shifts(qb[r], k[r], mem_k, lo, hi, bias, top_offset, safe_spread, exact[r], shift[r])
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
@@ -286,33 +287,36 @@ def _max_square_norm(a):
 
 
 @njit(nogil=True, cache=True)
-def _query_blocks(b0, b1, block, key_block, qb, keys, values, bias, lo, hi, exact, shift,
+def _query_blocks(u0, u1, block, key_block, qb, keys, values, bias, lo, hi, exact, shift,
                   mem_k, mem_v, mem_bias, small, out):
-    """Query blocks b0..b1 - 1 counted from the last (the heaviest first under a causal
-    mask) into out (n, f): each sweeps its keys (`_sweep`, blocks of key_block aligned to
-    multiples of it), then the memory keys mem_k, mem_v (m, e), (m, f) (mem_bias: their
-    log-weights, (block, m)), and is normalised. bias: (n, n), or (0, 0) for none. One
-    compiled loop per thread's share: no Python between query blocks."""
-    n, f, m = qb.shape[0], out.shape[1], mem_bias.shape[1]
+    """Units u0..u1 - 1 into out (runs, n, f); unit u is query block u // runs, counted from
+    the last (the heaviest first under a causal mask), of run u % runs. Each sweeps its keys
+    (`_sweep`, blocks of key_block aligned to multiples of it), then the memory keys mem_k,
+    mem_v (m, e), (m, f) (mem_bias: their log-weights, (block, m)), and is normalised.
+    qb, keys, values, exact, shift: per run (runs, n, .); bias: (n, n), or (0, 0) for none.
+    One compiled loop per thread's share: no Python between query blocks."""
+    runs, n, f, m = qb.shape[0], qb.shape[1], out.shape[2], mem_bias.shape[1]
     dtype = qb.dtype
     blocks = -(-n // block)
     buffer = np.empty(block * max(key_block, m), dtype)
     product = np.empty((block, f), dtype)
     mem_lo, mem_hi = np.zeros(block, np.int64), np.full(block, m, np.int64)
-    for b in range(blocks - b1, blocks - b0):
+    for u in range(u0, u1):
+        b, run = blocks - 1 - u // runs, u % runs
         i0, i1 = b * block, min(n, (b + 1) * block)
         r = i1 - i0
-        lo_rows, hi_rows, exact_rows = lo[i0:i1], hi[i0:i1], exact[i0:i1]
-        top, total, acc = shift[i0:i1].copy(), np.zeros(r, dtype), np.zeros((r, f), dtype)
+        lo_rows, hi_rows, exact_rows = lo[i0:i1], hi[i0:i1], exact[run, i0:i1]
+        top = shift[run, i0:i1].copy()
+        total, acc = np.zeros(r, dtype), np.zeros((r, f), dtype)
         first, last = lo_rows.min(), hi_rows.max()
-        _sweep(qb[i0:i1], keys, values, bias[i0:i1] if bias.shape[0] else bias,
+        _sweep(qb[run, i0:i1], keys[run], values[run], bias[i0:i1] if bias.shape[0] else bias,
                first - first % key_block, last, key_block, lo_rows, hi_rows, exact_rows, top,
                total, acc, buffer, product[:r], small)
         if m:  # every query attends to every memory key
-            _sweep(qb[i0:i1], mem_k, mem_v, mem_bias[:r], 0, m, m, mem_lo[:r], mem_hi[:r],
+            _sweep(qb[run, i0:i1], mem_k, mem_v, mem_bias[:r], 0, m, m, mem_lo[:r], mem_hi[:r],
                    exact_rows, top, total, acc, buffer, product[:r], small)
         for i in range(r):
-            out[i0 + i] = acc[i] / total[i]
+            out[run, i0 + i] = acc[i] / total[i]
 
 
 @njit(nogil=True, cache=True)
