@@ -57,7 +57,7 @@ from attnflow.errors import NonFiniteStateError
 from attnflow.implicit import IMPLICIT, solve_implicit
 from attnflow.manifolds import SPHERE, Manifold, as_manifold
 from attnflow.parallel import parallel_ranges
-from attnflow.sphere import SMALL_D, exp_map, inner, normalize, project
+from attnflow.sphere import compiled_width, exp_map, inner, normalize, project
 
 Field = Callable[[np.ndarray], np.ndarray]
 Progress = Callable[[float], None]
@@ -159,7 +159,7 @@ def rk4_step(field: Field, x: np.ndarray, h: float, manifold: Manifold = SPHERE
     if manifold == SPHERE and _fusable(x, k1, k2, k3, k4):  # one pass instead of ten (W1)
         out = np.empty_like(x)
         d = x.shape[-1]
-        _rk4_finish_of(d if d <= SMALL_D else 0)(
+        _rk4_finish_of(compiled_width(d))(
             *(a.reshape(-1, d) for a in (x, k1, k2, k3, k4, out)), h)
         return out
     return manifold.retract(x + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4))

@@ -46,8 +46,8 @@ def project(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         # passes at W1's sizes); equal to the numpy expression up to summation order.
         d = x.shape[-1]
         out = np.empty_like(y)
-        _project_rows_of(d if d <= SMALL_D else 0)(x.reshape(-1, d), y.reshape(-1, d),
-                                                     out.reshape(-1, d))
+        _project_rows_of(compiled_width(d))(x.reshape(-1, d), y.reshape(-1, d),
+                                            out.reshape(-1, d))
         return out
     return y - inner(x, y) * x
 
@@ -58,6 +58,11 @@ def project(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 # 2026-12-02, (64 000, 2) float32 and float64 arrays, benchmarks/RESULTS.md); above it the
 # loops over coordinates vectorise by themselves (d = 64: even).
 SMALL_D = 8
+
+
+def compiled_width(d: int) -> int:
+    """The d to compile a row loop for: d itself up to SMALL_D, else 0 (read at run time)."""
+    return d if d <= SMALL_D else 0
 
 
 @cache
