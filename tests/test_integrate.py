@@ -202,6 +202,122 @@ def test_stepping_shares_of_the_runs_in_parallel_changes_nothing(method):
                                       dt=0.1).final, whole.states[-1])
 
 
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("method", FIXED)
+def test_ensemble_in_many_pieces_equals_stepping_the_whole_batch(method, threads,
+                                                                 monkeypatch):
+    """Independent runs are stepped as pieces, each on its own from start to end, the
+    threads taking chunks of steps from a queue: with pieces of one tile each (PIECE_BYTES
+    made tiny), save intervals of different step counts and (2, 5) leading axes, the states
+    are bit-identical to stepping the whole batch at once, on one thread and on two."""
+    from attnflow import integrate as integ
+    from attnflow.integrate import Drift, integrate
+    from attnflow.kernels.fused import tile_runs
+
+    monkeypatch.setenv("ATTNFLOW_THREADS", threads)
+    monkeypatch.setattr(integ, "PIECE_BYTES", 1)
+    model = af.Attention(beta=9.0, backend="fused")
+    x0 = uniform((2, 5 * tile_runs(np.float64, 10), 12), 2, 4)
+    times = np.array([0.0, 0.05, 0.35, 0.4, 1.0])
+    field, drift = (partial(f, kernel=model.kernel_for(x0))
+                    for f in (model.tangent_field, model.attention_output))
+    grain = tile_runs(np.float64, x0.shape[0] * x0.shape[1])
+    whole = integrate(Drift(field, euler=drift), x0, times, method, 0.05)
+    pieces = integrate(Drift(field, euler=drift, runs_independent=True), x0, times, method,
+                       0.05, grain=grain)
+    assert pieces.states.shape == whole.states.shape == (5, *x0.shape)
+    assert np.array_equal(pieces.states, whole.states)
+    assert (pieces.n_steps, pieces.n_evals) == (whole.n_steps, whole.n_evals) == (
+        20, 20 * (1 if method == "euler" else 4))
+
+
+def _growth(threshold: float):
+    """A field in R^d that grows each run (x' = x) and turns NaN where |x| passes
+    threshold: runs of larger starting norm fail earlier."""
+
+    def field(x: np.ndarray) -> np.ndarray:
+        big = np.linalg.norm(x, axis=(-1, -2), keepdims=True) > threshold
+        return np.where(big, np.nan, x)
+
+    return field
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_ensemble_error_names_the_earliest_time_and_its_runs(threads, monkeypatch):
+    """The pieces of a batch fail at different times: the error is the whole batch's, the
+    earliest time and every run non-finite then (batch indices), however the pieces ran."""
+    from attnflow import integrate as integ
+    from attnflow.integrate import Drift, integrate
+
+    monkeypatch.setenv("ATTNFLOW_THREADS", threads)
+    monkeypatch.setattr(integ, "PIECE_BYTES", 1)
+    scale = np.ones((4, 8, 1, 1))
+    scale[3, 5] = scale[1, 2] = 3.0  # fail first, at the same step
+    scale[0, 1] = 2.9  # a few steps later, found first (an earlier piece, the same chunk)
+    x0 = scale * np.random.default_rng(0).uniform(0.9, 1.1, (4, 8, 16, 2))
+    times = np.array([0.0, 2.0])
+    errors = []
+    for independent in (False, True):
+        with pytest.raises(af.NonFiniteStateError) as err:
+            integrate(Drift(_growth(30.0), runs_independent=independent), x0, times, "euler",
+                      0.01, manifold="euclidean", grain=1)
+        errors.append((err.value.t, err.value.runs))
+    assert errors[0] == errors[1]
+    assert errors[1][1] == [(1, 2), (3, 5)] and 0 < errors[1][0] < 2.0
+
+
+def test_ensemble_progress_reports_times_every_run_has_reached(monkeypatch):
+    """progress is called from the calling thread with increasing step times that end at
+    the final time."""
+    import threading
+
+    from attnflow import integrate as integ
+    from attnflow.integrate import Drift, integrate
+
+    monkeypatch.setenv("ATTNFLOW_THREADS", "2")
+    monkeypatch.setattr(integ, "PIECE_BYTES", 1)
+    seen, callers = [], set()
+
+    def progress(t):
+        seen.append(t)
+        callers.add(threading.get_ident())
+
+    x0 = np.random.default_rng(1).uniform(-1, 1, (64, 32, 3))
+    integrate(Drift(lambda x: -x, runs_independent=True), x0, np.array([0.0, 0.5, 1.0]),
+              "euler", 0.01, manifold="euclidean", grain=1, progress=progress)
+    assert seen and seen == sorted(set(seen))
+    assert seen[-1] == pytest.approx(1.0) and callers == {threading.get_ident()}
+
+
+def test_ensemble_error_in_one_piece_stops_the_others(monkeypatch):
+    """A field that raises in one piece ends the call with that error, and the other
+    thread stops too: the steps taken beside it stay a few, not the rest of the run (each
+    call sleeps 1 ms, so both threads are stepping when the error comes)."""
+    import time
+
+    from attnflow import integrate as integ
+    from attnflow.integrate import Drift, integrate
+
+    monkeypatch.setenv("ATTNFLOW_THREADS", "2")
+    monkeypatch.setattr(integ, "PIECE_BYTES", 1)
+    calls = {"first": 0, "others": 0}
+
+    def field(x):
+        time.sleep(1e-3)
+        first = x[0, 0, 0] > 5
+        calls["first" if first else "others"] += 1
+        if first and calls["first"] > 30:
+            raise ValueError("boom")
+        return -x
+
+    x0 = np.random.default_rng(2).uniform(0, 1, (16, 64, 3))
+    x0[0] += 10  # the first piece raises at its 31st step
+    with pytest.raises(ValueError, match="boom"):
+        integrate(Drift(field, runs_independent=True), x0, np.array([0.0, 10.0]), "euler",
+                  0.01, manifold="euclidean", grain=1)
+    assert 0 < calls["others"] < 100  # 15 pieces x 1000 steps without the stop
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("d", [2, 3, 9])
 def test_rk4_step_on_the_sphere_matches_the_formula(d, dtype):
