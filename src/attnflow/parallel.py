@@ -53,9 +53,12 @@ def parallel_ranges(run: Callable[[int, int], object], size: int, cost: float,
     the outer level already uses every thread. If a share raises, no further share starts,
     and the error (the caller's own, if its share raised too) propagates only once every
     started share has ended."""
+    if in_share():  # first: the cheapest test, and the common one inside an ensemble step
+        run(0, size)
+        return
     threads = n_threads()
     units = -(-size // grain)
-    if threads == 1 or cost < MIN_COST or units < 2 or in_share():
+    if threads == 1 or cost < MIN_COST or units < 2:
         run(0, size)
         return
     shares = min(units, threads * SHARES_PER_THREAD)

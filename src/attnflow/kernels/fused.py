@@ -42,7 +42,9 @@ picks another kernel.
 
 from __future__ import annotations
 
-from functools import cache
+import math
+import threading
+from functools import cache, lru_cache
 
 import numpy as np
 from numba import njit
@@ -173,6 +175,11 @@ def _compile(e: int, f: int, biased: bool, lanes: int):
         for tile in range(tile0, tile1):
             b0 = tile * lanes
             used = min(lanes, runs - b0)
+            if used < lanes:  # the batch's last tile: its empty lanes compute on zeros, not
+                # on what a kept scratch (`_scratch`) held from an earlier call
+                qt[:, :, used:] = zero
+                kt[:n, :, used:] = zero
+                vt[:n, :, used:] = zero
             for l in range(used):
                 for j in range(n):
                     for c in range(e):
@@ -246,6 +253,63 @@ def _compile(e: int, f: int, biased: bool, lanes: int):
     return kernel
 
 
+def _rows(mask: MaskSpec, n: int, e: int, f: int, dtype: np.dtype, memory: Memory | None,
+          bias: np.ndarray | None) -> tuple:
+    """The kernel's row data for a mask, memory and score bias: the band lo, hi (`band`), the
+    additive score bias in base-2 units (2^(log2(e) s) = e^s; rows: one per query, or one
+    for all; columns: tokens then memory), top (each row's largest allowed bias: one, or
+    one per query), the memory keys and values in dtype, and whether any score is offset
+    (a score bias or memory tokens: the kernel then adds the bias rows)."""
+    if memory is None:
+        memory = Memory(np.zeros((0, e)), np.zeros((0, f)), np.zeros(0))
+    mem_k, mem_v = (np.ascontiguousarray(a, dtype) for a in memory[:2])
+    lo, hi, token_bias = band(mask, n, bias)
+    scores = np.empty((1 if token_bias is None else n, n + len(memory.log_weights)), dtype)
+    if token_bias is None:
+        scores[:, :n] = 0
+        scores[:, n:] = memory.log_weights * LOG2E
+        top = (row_top(lo[:1], hi[:1], None, memory.log_weights) * LOG2E).astype(dtype)
+    else:  # one compiled pass: the per-call cost stays small beside a share of a few tiles
+        top = np.empty(n, dtype)
+        _base2_bias(token_bias, lo, hi, np.asarray(memory.log_weights, np.float64), scores,
+                    top)
+    return lo, hi, scores, top, mem_k, mem_v, token_bias is not None or len(mem_k) > 0
+
+
+@lru_cache(maxsize=64)
+def _plain_rows(mask: str | tuple, n: int, e: int, f: int, dtype: np.dtype
+                ) -> tuple:
+    """`_rows` without memory or score bias, kept for the next call with the same mask and
+    sizes (an ensemble steps the same ones every call; the kernel only reads them)."""
+    return _rows(mask, n, e, f, dtype, None, None)
+
+
+_THREAD = threading.local()  # .scratch: (sizes, arrays) of this thread's last kernel call
+SCRATCH_KEPT = 1 << 22  # bytes: scratch up to this size is kept for the thread's next call
+
+
+def _scratch(n: int, m: int, e: int, f: int, lanes: int, dtype: np.dtype) -> tuple:
+    """The kernel's scratch for n tokens, m memory tokens and tiles of `lanes` runs: acc (f
+    arrays (lanes,): sum_r w_r v_rc for each c, separate so that LLVM vectorises each row's
+    update), qt (n, e, lanes) (beta * queries), kt (n + m, e, lanes) and vt (n + m, f, lanes)
+    (rows n..: the memory keys and values), k_max, offset, total (lanes,). This thread's
+    arrays of its last call when the sizes match and they are small (SCRATCH_KEPT), else new
+    ones: allocating and zeroing them took 100 us of a 4.4 ms call of 256 W1 runs, right
+    after a kernel call (2026-12-03, AVX-512 AMD EPYC). The kernel writes every lane it
+    reads (it zeroes the empty lanes of a batch's last tile)."""
+    sizes = (n, m, e, f, lanes, dtype)
+    kept = getattr(_THREAD, "scratch", None)
+    if kept is not None and kept[0] == sizes:
+        return kept[1]
+    arrays = (tuple(_aligned_zeros(lanes, dtype) for _ in range(f)),
+              _aligned_zeros((n, e, lanes), dtype), _aligned_zeros((n + m, e, lanes), dtype),
+              _aligned_zeros((n + m, f, lanes), dtype),
+              *(_aligned_zeros(lanes, dtype) for _ in range(3)))
+    if lanes * ((n + m) * (2 * e + f) + f + 3) * np.dtype(dtype).itemsize <= SCRATCH_KEPT:
+        _THREAD.scratch = (sizes, arrays)
+    return arrays
+
+
 def attend(
     q: np.ndarray,
     k: np.ndarray,
@@ -262,48 +326,36 @@ def attend(
     inputs are float32, else float64. Returns (..., n, f).
     """
     n, e, f = q.shape[-2], q.shape[-1], v.shape[-1]
-    bias, normalization = check_options("fused", SUPPORTS, n, mask, memory, bias, normalization)
+    plain = bias is None and isinstance(normalization, str) and normalization == "softmax"
+    if not plain:
+        bias, normalization = check_options("fused", SUPPORTS, n, mask, memory, bias,
+                                            normalization)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     if dtype not in (np.float32, np.float64):
         raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    runs = int(np.prod(lead))
+    runs = math.prod(lead)
 
     def runs_first(a: np.ndarray, width: int) -> np.ndarray:
+        if a.shape == (*lead, n, width) and a.dtype == dtype and a.flags.c_contiguous:
+            return a.reshape(runs, n, width)
         return np.ascontiguousarray(np.broadcast_to(a, (*lead, n, width)).reshape(runs, n, width),
                                     dtype)
 
-    if memory is None:
-        memory = Memory(np.zeros((0, e)), np.zeros((0, f)), np.zeros(0))
-    mem_k, mem_v = (np.ascontiguousarray(a, dtype) for a in memory[:2])
-    lo, hi, token_bias = band(mask, n, bias)
-    # Additive score bias in base-2 units (2^(log2(e) s) = e^s; rows: one per query, or one
-    # for all), columns: tokens then memory; top: each row's largest allowed bias.
-    bias = np.empty((1 if token_bias is None else n, n + len(memory.log_weights)), dtype)
-    if token_bias is None:
-        bias[:, :n] = 0
-        bias[:, n:] = memory.log_weights * LOG2E
-        top = (row_top(lo[:1], hi[:1], None, memory.log_weights) * LOG2E).astype(dtype)
-    else:  # one compiled pass: the per-call cost stays small beside a share of a few tiles
-        top = np.empty(n, dtype)
-        _base2_bias(token_bias, lo, hi, np.asarray(memory.log_weights, np.float64), bias, top)
+    if memory is None and bias is None and isinstance(mask, (str, tuple)):
+        lo, hi, bias, top, mem_k, mem_v, biased = _plain_rows(mask, n, e, f, dtype)
+    else:
+        lo, hi, bias, top, mem_k, mem_v, biased = _rows(mask, n, e, f, dtype, memory, bias)
     out = np.empty((runs, n, f), dtype)
     if runs and n:
         lanes = tile_runs(dtype, runs)
-        kernel = _compile(e, f, bool(token_bias is not None or len(memory.log_weights)), lanes)
+        kernel = _compile(e, f, biased, lanes)
         args = (runs_first(q, e), runs_first(k, e), runs_first(v, f), mem_k, mem_v, bias, top,
                 SAFE_SPREAD[dtype.type] * LOG2E, lo, hi, dtype.type(beta * LOG2E), out)
         tiles = -(-runs // lanes)
 
         def run(t0: int, t1: int) -> None:
-            # sum_r w_r v_rc for each c: separate arrays, so LLVM vectorises each row's update
-            acc = tuple(_aligned_zeros(lanes, dtype) for _ in range(f))
-            m = len(mem_k)
-            qt = _aligned_zeros((n, e, lanes), dtype)  # beta * queries
-            kt = _aligned_zeros((n + m, e, lanes), dtype)  # rows n..: the memory keys
-            vt = _aligned_zeros((n + m, f, lanes), dtype)
-            k_max, offset, total = (_aligned_zeros(lanes, dtype) for _ in range(3))
-            kernel(*args, acc, qt, kt, vt, k_max, offset, total, t0, t1)
+            kernel(*args, *_scratch(n, len(mem_k), e, f, lanes, dtype), t0, t1)
 
         parallel_ranges(run, tiles,
                         cost=tiles * lanes * n * bias.shape[1] * (e + f + 8))
