@@ -146,7 +146,10 @@ def test_heavy_memory_point_pulls_every_token(rng):
     assert geodesic_distance(traj.final, center).max() < 1e-6
 
 
-def test_nonfinite_state_stops_with_time_and_run():
+@pytest.mark.parametrize("backend", ["auto", "fused"])
+def test_nonfinite_state_stops_with_time_and_run(backend):
+    """A NaN stage reaches the kernel inside the step (the fused kernel once raised
+    ZeroDivisionError there): the error names the time and the run."""
     class Exploding(af.Attention):
         def tangent_field(self, X, kernel=None):
             F = super().tangent_field(X, kernel)
@@ -155,7 +158,8 @@ def test_nonfinite_state_stops_with_time_and_run():
 
     x0 = uniform((3, 5), 2, 0)
     with pytest.raises(af.NonFiniteStateError, match=r"t = 0\.1 in 1 run.*\(1,\)"):
-        af.simulate(Exploding(beta=1.0), x0, 1.0, save_at=[1.0], method="rk4", dt=0.1)
+        af.simulate(Exploding(beta=1.0, backend=backend), x0, 1.0, save_at=[1.0],
+                    method="rk4", dt=0.1)
 
 
 def test_implicit_methods_solve_each_run_on_its_own():

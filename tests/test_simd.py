@@ -73,3 +73,30 @@ def test_fused_scratch_arrays_start_on_a_cache_line():
         assert a.ctypes.data % ALIGN == 0
         assert a.shape == (shape if isinstance(shape, tuple) else (shape,))
         assert a.dtype == dtype and a.flags.c_contiguous and not a.any()
+
+
+def test_fused_results_do_not_depend_on_the_kept_scratch(monkeypatch):
+    """A thread keeps the fused kernel's scratch for its next call of the same sizes: filled
+    with NaN by a call on NaN tokens, it leaves the next results exact, for a batch whose
+    last tile has empty lanes, also where the rows need the exact-maximum pass (queries
+    apart from the keys, scores spread beyond SAFE_SPREAD)."""
+    import itertools
+
+    from attnflow.kernels import dense, fused
+
+    monkeypatch.setenv("ATTNFLOW_THREADS", "1")
+    rng = np.random.default_rng(5)
+    lanes = fused.tile_runs(np.float64, 64)
+    for dtype, beta in itertools.product((np.float64, np.float32), (2.0, 400.0)):
+        full = np.full((2 * lanes, 9, 3), np.nan, dtype)
+        fused.attend(full, full, full, beta, "causal")  # every lane of the scratch NaN
+        q, k, v = rng.standard_normal((3, lanes + 3, 9, 3)).astype(dtype)
+        got = fused.attend(q, k, v, beta, "causal")
+        want = dense.attend(q, k, v, beta, "causal")
+        # Scores carry rounding of about eps |s|, |s| <= beta max|q| max|k|: the weights'
+        # and so the output's error (times max|v|), with a factor 4 of slack.
+        norm = np.linalg.norm
+        scale = beta * norm(q, axis=-1).max() * norm(k, axis=-1).max() + 1
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=0,
+                                   atol=4 * np.finfo(dtype).eps * scale * np.abs(v).max())

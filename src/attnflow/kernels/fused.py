@@ -155,7 +155,9 @@ def _compile(e: int, f: int, biased: bool, lanes: int):
     without a score bias (`biased` False: no boolean mask, no memory) the exp loop skips
     adding it."""
 
-    @njit(nogil=True, fastmath=FASTMATH, cache=True)
+    # error_model "numpy": a row whose weights are all 0 or NaN (NaN tokens) gives NaN, as
+    # in numpy, not a ZeroDivisionError
+    @njit(nogil=True, fastmath=FASTMATH, cache=True, error_model="numpy")
     def kernel(q, k, v, mem_k, mem_v, bias, top, safe, lo, hi, beta, out, acc,
                qt, kt, vt, k_max, offset, total, tile0, tile1):
         wide_vectors()
