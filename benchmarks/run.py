@@ -183,7 +183,7 @@ def w1(runs: int, steps: int, rows: list, torch_too: bool) -> None:
         # at half speed, cause not pinned down). Then ALTERNATIONS timed runs, each right
         # after its own floor measurement: the machine's speed drifts by 10-20% within
         # minutes, so each run is compared with the floor measured beside it (medians).
-        af.simulate(model, x, t_end=DT, dt=DT, normalize=True)
+        af.simulate(model, x, t_end=DT, dt=DT, save_at=[DT], normalize=True)  # (not 101 saves)
         rates, fractions, cpu_fractions, cpu_rates = [], [], [], []
         for _ in range(ALTERNATIONS if backend == "fused" else 1):
             floor_now = n_threads() / exp_floor(dtype, threads=n_threads())[0] * 1e9
