@@ -214,12 +214,12 @@ def test_ensemble_in_many_pieces_equals_stepping_the_whole_batch(method, threads
     threads taking chunks of steps from a queue: with pieces of one tile each (PIECE_BYTES
     made tiny), save intervals of different step counts and (2, 5) leading axes, the states
     are bit-identical to stepping the whole batch at once, on one thread and on two."""
-    from attnflow import integrate as integ
+    from attnflow import ensembles
     from attnflow.integrate import Drift, integrate
     from attnflow.kernels.fused import tile_runs
 
     monkeypatch.setenv("ATTNFLOW_THREADS", threads)
-    monkeypatch.setattr(integ, "PIECE_BYTES", 1)
+    monkeypatch.setattr(ensembles, "PIECE_BYTES", 1)
     model = af.Attention(beta=9.0, backend="fused")
     x0 = uniform((2, 5 * tile_runs(np.float64, 10), 12), 2, 4)
     times = np.array([0.0, 0.05, 0.35, 0.4, 1.0])
@@ -250,11 +250,11 @@ def _growth(threshold: float):
 def test_ensemble_error_names_the_earliest_time_and_its_runs(threads, monkeypatch):
     """The pieces of a batch fail at different times: the error is the whole batch's, the
     earliest time and every run non-finite then (batch indices), however the pieces ran."""
-    from attnflow import integrate as integ
+    from attnflow import ensembles
     from attnflow.integrate import Drift, integrate
 
     monkeypatch.setenv("ATTNFLOW_THREADS", threads)
-    monkeypatch.setattr(integ, "PIECE_BYTES", 1)
+    monkeypatch.setattr(ensembles, "PIECE_BYTES", 1)
     scale = np.ones((4, 8, 1, 1))
     scale[3, 5] = scale[1, 2] = 3.0  # fail first, at the same step
     scale[0, 1] = 2.9  # a few steps later, found first (an earlier piece, the same chunk)
@@ -275,11 +275,11 @@ def test_ensemble_progress_reports_times_every_run_has_reached(monkeypatch):
     the final time."""
     import threading
 
-    from attnflow import integrate as integ
+    from attnflow import ensembles
     from attnflow.integrate import Drift, integrate
 
     monkeypatch.setenv("ATTNFLOW_THREADS", "2")
-    monkeypatch.setattr(integ, "PIECE_BYTES", 1)
+    monkeypatch.setattr(ensembles, "PIECE_BYTES", 1)
     seen, callers = [], set()
 
     def progress(t):
@@ -299,11 +299,11 @@ def test_ensemble_error_in_one_piece_stops_the_others(monkeypatch):
     call sleeps 1 ms, so both threads are stepping when the error comes)."""
     import time
 
-    from attnflow import integrate as integ
+    from attnflow import ensembles
     from attnflow.integrate import Drift, integrate
 
     monkeypatch.setenv("ATTNFLOW_THREADS", "2")
-    monkeypatch.setattr(integ, "PIECE_BYTES", 1)
+    monkeypatch.setattr(ensembles, "PIECE_BYTES", 1)
     calls = {"first": 0, "others": 0}
 
     def field(x):

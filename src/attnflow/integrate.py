@@ -42,9 +42,7 @@ ambient Brownian motion (strong order 1/2, measured in tests/test_noise.py).
 
 from __future__ import annotations
 
-import collections
 import math
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, partial
@@ -55,14 +53,14 @@ from numba import njit
 
 from attnflow._checks import describe, fail, finite_array, nonnegative, positive
 from attnflow.brownian import BrownianPath
+from attnflow.ensembles import Progress, step_pieces
 from attnflow.errors import NonFiniteStateError
 from attnflow.implicit import IMPLICIT, solve_implicit
 from attnflow.manifolds import SPHERE, Manifold, as_manifold
-from attnflow.parallel import n_threads, parallel_ranges
+from attnflow.parallel import parallel_ranges
 from attnflow.sphere import compiled_width, exp_map, inner, normalize, project
 
 Field = Callable[[np.ndarray], np.ndarray]
-Progress = Callable[[float], None]
 
 METHODS = ("euler", "rk4", "geodesic", "dopri5", *IMPLICIT)
 FIXED_STEP = ("euler", "rk4", "geodesic")
@@ -71,13 +69,6 @@ SPHERE_ONLY = ("geodesic",)
 DEFAULT_DT = 0.05
 DEFAULT_RTOL = 1e-6
 DEFAULT_ATOL = 1e-9
-# State bytes per piece of an ensemble (`_fixed_by_runs`). A step allocates about a dozen
-# arrays the size of its piece; stepped whole, arrays of megabytes are handed back to the
-# operating system between steps by glibc's malloc and faulted in again page by page: one
-# thread, the paper's W1 ensemble (n = 200, d = 2, float64, 1000 runs, 3.2 MB a state):
-# 950 page faults and +24% time per field evaluation over the kernel alone (2026-12-03,
-# 2-core AVX-512 AMD EPYC, benchmarks/RESULTS.md).
-PIECE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -91,7 +82,8 @@ class Drift:
     splitting : drifts D_1, D_2, ... applied in turn by an Euler step (a block in sequential
         form; "euler" only, module docstring).
     runs_independent : F maps each run (leading index) on its own: the fixed-step methods
-        may step pieces of the runs on their own, in parallel and in cache.
+        may step pieces of the runs on their own, in parallel and in cache
+        (`attnflow.ensembles`).
     """
 
     field: Field
@@ -285,7 +277,7 @@ def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, g
         grid.append((t0, float(span / m) if m else 0.0, m))  # Python floats keep float32
     n_steps = sum(m for _, _, m in grid)
     if runs_independent and x0.ndim > 2:
-        states = _fixed_by_runs(partial(step, field), x0, grid, progress, grain)
+        states = step_pieces(partial(step, field), x0, grid, progress, grain)
     else:
         states = [x0]
         x = x0
@@ -300,122 +292,13 @@ def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, g
     return Solution(np.asarray(times), states, n_steps * evals_per_step, n_steps, 0)
 
 
-@dataclass
-class _Piece:
-    """Runs start:stop of an ensemble, stepped on their own: the state x after `done`
-    steps, `interval` the index of the interval between save times it is in, and
-    `in_interval` the steps it has taken there."""
-
-    start: int
-    stop: int
-    x: np.ndarray
-    done: int = 0
-    interval: int = 0
-    in_interval: int = 0
-
-
-def _fixed_by_runs(step: Callable[[np.ndarray, float], np.ndarray], x0: np.ndarray,
-                   grid: list[tuple[float, float, int]], progress: Progress | None,
-                   grain: int) -> np.ndarray:
-    """The fixed steps of `grid` ((start, h, steps) of each interval between save times)
-    for the independent runs of x0 (..., n, d), as pieces of at most PIECE_BYTES of state
-    (multiples of `grain` runs), each stepped on its own from start to end: no barrier
-    between steps, and what a piece touches stays in cache while it takes a few steps. The
-    kernel threads take pieces from a queue, a chunk of steps at a time (so that they end
-    together); nested kernel calls run inline. The states equal those of stepping the whole
-    batch (each run is computed alike), and so does the error for a non-finite state: the
-    earliest time, with every run non-finite then. progress (from the calling thread) gets
-    the time every run has reached. Returns the states at the save times,
-    (len(grid) + 1, ..., n, d)."""
-    lead, times = x0.shape[:-2], len(grid) + 1
-    flat = x0.reshape(-1, *x0.shape[-2:])
-    runs, n_steps = len(flat), sum(m for _, _, m in grid)
-    if runs == 0:
-        return np.broadcast_to(x0, (times, *x0.shape)).copy()
-    ends = [t0 + (i + 1) * h for t0, h, m in grid for i in range(m)]  # after each step
-    per_piece = max(grain, PIECE_BYTES // max(1, flat[:1].nbytes) // grain * grain)
-    units, count = -(-runs // grain), -(-runs // per_piece)  # pieces of even size
-    cuts = [min(runs, units * p // count * grain) for p in range(count + 1)]
-    pieces = [_Piece(a, b, flat[a:b]) for a, b in zip(cuts, cuts[1:])]
-    queue = collections.deque(pieces)
-    chunk = max(1, -(-n_steps // 8))  # steps a thread takes of a piece before the next
-    lock, stop = threading.Lock(), threading.Event()
-    caller = threading.get_ident()
-    saved: list[np.ndarray] = []  # the states, allocated at the first save
-    failures: list[tuple[float, list[int]]] = []  # (time, flat runs) of pieces that failed
-    reported = [0]
-
-    def save(piece: _Piece, index: int) -> None:
-        with lock:
-            if not saved:
-                saved.append(np.empty((times, *flat.shape),
-                                      np.result_type(x0.dtype, piece.x.dtype)))
-                saved[0][0] = flat
-        saved[0][index, piece.start:piece.stop] = piece.x
-
-    def advance(piece: _Piece) -> bool:
-        """Up to `chunk` steps of the piece; True when it is done (or cannot matter)."""
-        for _ in range(chunk):
-            while piece.interval < len(grid) and piece.in_interval == grid[piece.interval][2]:
-                save(piece, piece.interval + 1)
-                piece.interval, piece.in_interval = piece.interval + 1, 0
-            if piece.interval == len(grid) or stop.is_set():
-                return True
-            if failures and ends[piece.done] > min(t for t, _ in failures):
-                return True  # it cannot fail earlier than a failure already found
-            piece.x = step(piece.x, grid[piece.interval][1])
-            piece.done, piece.in_interval = piece.done + 1, piece.in_interval + 1
-            bad = ~np.isfinite(piece.x).all(axis=(-1, -2))
-            if bad.any():
-                with lock:
-                    failures.append((ends[piece.done - 1],
-                                     [piece.start + int(r) for r in np.flatnonzero(bad)]))
-                return True
-            if progress is not None and threading.get_ident() == caller:
-                _report(progress, ends, reported, min(p.done for p in pieces))
-        return False
-
-    def work(_a: int, _b: int) -> None:
-        while not stop.is_set():
-            with lock:
-                if not queue:
-                    return  # what is left is being stepped by the other threads
-                piece = queue.popleft()
-            try:
-                finished = advance(piece)
-            except BaseException:
-                stop.set()  # an error or an interrupt: the other threads stop too
-                raise
-            if not finished:
-                with lock:
-                    queue.append(piece)
-
-    parallel_ranges(work, min(n_threads(), count), cost=flat.size * flat.shape[-2] * n_steps)
-    if failures:
-        t = min(t for t, _ in failures)
-        bad = sorted(r for when, rows in failures if when == t for r in rows)
-        raise NonFiniteStateError(float(t), [tuple(int(i) for i in np.unravel_index(r, lead))
-                                             for r in bad])
-    if progress is not None:
-        _report(progress, ends, reported, n_steps)
-    return saved[0].reshape(times, *x0.shape)
-
-
-def _report(progress: Progress, ends: list[float], reported: list[int], done: int) -> None:
-    """progress(the time after `done` steps) if that is past what was reported
-    (reported[0] steps)."""
-    if done > reported[0]:
-        reported[0] = done
-        progress(ends[done - 1])
-
-
 def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
                 runs_independent, grain) -> Solution:
     """Euler-Maruyama (or its geodesic variant) on the grid k dt: every interval between
     save times must be a whole number of steps. With `runs_independent`, each step runs in
     shares of the runs on the kernel threads, each share in cache (the noise increments
     are drawn for the whole batch step by step, so the steps are not independent as in
-    `_fixed_by_runs`)."""
+    `attnflow.ensembles`)."""
     states = [x0]
     x = x0
     s = noise.first_step
