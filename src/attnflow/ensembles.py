@@ -30,8 +30,9 @@ Progress = Callable[[float], None]  # called with the time reached
 # arrays the size of its piece; stepped whole, arrays of megabytes are handed back to the
 # operating system between steps by glibc's malloc and faulted in again page by page: one
 # thread, the paper's W1 ensemble (n = 200, d = 2, float64, 1000 runs, 3.2 MB a state):
-# 950 page faults and +24% time per field evaluation over the kernel alone (2026-12-03,
-# 2-core AVX-512 AMD EPYC, benchmarks/RESULTS.md).
+# 580-1250 page faults per field evaluation (it varies with glibc's adaptive threshold) and
+# up to +24% time over the kernel alone; in pieces 0-85 (2026-12-03, 2-core AVX-512 AMD
+# EPYC, benchmarks/RESULTS.md).
 PIECE_BYTES = 1 << 20
 
 
@@ -50,8 +51,8 @@ class _Piece:
 
 
 def step_pieces(step: Callable[[np.ndarray, float], np.ndarray], x0: np.ndarray,
-                   grid: list[tuple[float, float, int]], progress: Progress | None,
-                   grain: int) -> np.ndarray:
+                grid: list[tuple[float, float, int]], progress: Progress | None,
+                grain: int) -> np.ndarray:
     """The fixed steps of `grid` ((start, h, steps) of each interval between save times)
     for the independent runs of x0 (..., n, d), as pieces of at most PIECE_BYTES of state
     (multiples of `grain` runs), each stepped on its own from start to end: no barrier
