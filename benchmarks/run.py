@@ -37,7 +37,8 @@ SDPA  one causal evaluation, attnflow's default kernel ("auto") against what a u
     on (1, 1, n, d) tensors (2-D ones take torch's materialising path), n = 1024 .. 65 536,
     d = 64 (X standard normal / d^(1/4), scale 1) and d = 2 (X on the circle, beta = 64, the
     paper's), float64 and float32, the same thread count; ratio = SDPA's time / attnflow's
-    (best of runs of calls of each side in turn: `SDPA_CALLS`; one call at n = 65 536).
+    (best of runs of calls of each side in turn, each run after a pause in which torch's
+    spinning OpenMP workers go to sleep: `SDPA_CALLS`, `SDPA_SETTLE`; one call at 65 536).
 W5  what the model family's options cost at W1 size (fused kernel, float64): W1's RK4 with
     RoPE and with ALiBi (default slope) as fractions of the exp floor beside plain W1, and
     the time of one Euler step: plain post-LN, pre-LN, and noisy (Euler-Maruyama,
@@ -336,13 +337,18 @@ def w2(n: int, d: int, rows: list) -> None:
                      f"max |blocked - dense| at n={min(n, 2048)}: {res['err']:.1e}"))
 
 
-# Each side is timed in runs of its own calls, alternating, ROUNDS times; the first call of
-# each run is not counted: after a torch call its OpenMP workers spin for a while and take
-# the cores from the next call (measured 2026-12-02, n = 1024, d = 64, float32, 2 threads:
-# attnflow right after SDPA 2.25 ms, 1.44 ms with OMP_WAIT_POLICY=PASSIVE, 1.25 ms alone;
-# SDPA 1.75 ms in every case). Calls per run by size (at 65 536 one call, counted: seconds
-# long, a few ms of spinning do not matter).
+# Each side is timed in runs of its own calls, alternating, ROUNDS times. After a torch call
+# its OpenMP workers spin and take a core from whatever runs next (measured 2026-12-02,
+# n = 1024, d = 64, float32, 2 threads: attnflow right after SDPA 2.25 ms, 1.44 ms with
+# OMP_WAIT_POLICY=PASSIVE, 1.25 ms alone; SDPA 1.75 ms in every case), for about 10 ms: on
+# 2026-12-03 the process used 10 ms of CPU time while it slept 10 ms after one SDPA call,
+# 8 ms while it slept 50 ms, and attnflow's calls right after 9 SDPA calls took (fastest of
+# 10) 2.83, 2.31, 2.01, 1.70, 1.61, 1.48 ms, the 1.5 ms of its calls alone only from the 6th.
+# So every run starts after SDPA_SETTLE seconds idle, and its first call (the pool's and the
+# caches' wake-up after the pause) is not counted, for both sides alike. Calls per run by
+# size (at 65 536 one call, counted: seconds long, a wake-up does not matter).
 SDPA_ROUNDS = 3
+SDPA_SETTLE = 0.05
 SDPA_CALLS = {1024: 8, 4096: 4, 16384: 2, 65536: 1}
 
 
@@ -385,6 +391,7 @@ def _sdpa_row(torch, x: np.ndarray, beta: float) -> tuple:
     t_ours, t_theirs = [], []
     for _ in range(SDPA_ROUNDS if calls > 1 else 1):  # compiled at the smallest n already
         for fn, times in ((ours, t_ours), (theirs, t_theirs)):
+            time.sleep(SDPA_SETTLE)
             for call in range(calls + (calls > 1)):
                 start = time.perf_counter()
                 result = fn()

@@ -70,7 +70,7 @@ from threadpoolctl import ThreadpoolController
 from attnflow._checks import fail
 from attnflow.kernels._simd import wide_vectors
 from attnflow.kernels._vexp import vexp2
-from attnflow.kernels.fused import LOG2E, SAFE_SPREAD, band, row_top
+from attnflow.kernels.fused import LOG2E, SAFE_SPREAD, band
 from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.options import check_options
 from attnflow.kernels.types import Memory, Normalization
@@ -182,30 +182,34 @@ def attend(
         block = _default_block(n, _small(q.shape[-1], f))
     if int(block) != block or block < 1:
         raise fail("block", "an integer >= 1", repr(block))
-    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    q, k, v = (np.broadcast_to(a, (*lead, n, a.shape[-1])) for a in (q, k, v))
+    lead = q.shape[:-2]
+    if not lead == k.shape[:-2] == v.shape[:-2]:  # equal ones skip ~40 us of broadcasting
+        lead = np.broadcast_shapes(lead, k.shape[:-2], v.shape[:-2])
+        q, k, v = (np.broadcast_to(a, (*lead, n, a.shape[-1])) for a in (q, k, v))
     out = np.empty((*lead, n, f), dtype)
     # Scores in base-2 units (log2 e folded into beta, the bias and the memory log-weights):
     # the weights are 2^s (`vexp2`, one operation cheaper than exp).
     lo, hi, bias = band(mask, n, bias)
     bias = None if bias is None else (bias * LOG2E).astype(dtype, copy=False)
     if memory is None:
-        memory = Memory(np.zeros((0, q.shape[-1])), np.zeros((0, f)), np.zeros(0))
-    memory = Memory(*(np.ascontiguousarray(a, dtype) for a in memory[:2]),
-                    np.ascontiguousarray(np.asarray(memory.log_weights) * LOG2E, dtype))
-    top_offset = row_top(lo, hi, bias, memory.log_weights)
+        memory = Memory(np.zeros((0, q.shape[-1]), dtype), np.zeros((0, f), dtype),
+                        np.zeros(0, dtype))
+    else:
+        memory = Memory(*(np.ascontiguousarray(a, dtype) for a in memory[:2]),
+                        np.ascontiguousarray(np.asarray(memory.log_weights) * LOG2E, dtype))
     block, small = int(block), _small(q.shape[-1], f)
     bias = np.zeros((0, 0), dtype) if bias is None else bias
     m = len(memory.v)
-    mem_bias = np.ascontiguousarray(np.broadcast_to(memory.log_weights, (block, m)))
+    mem_bias = np.empty((block, m), dtype)
+    mem_bias[:] = memory.log_weights
     # Every run at once, (runs, n, .): threads share (query block, run) units, so that several
     # heads of a few blocks each still fill both cores.
     qb, k, v = (np.ascontiguousarray(a, dtype).reshape(-1, n, a.shape[-1]) for a in (q, k, v))
     qb = qb * dtype.type(beta * LOG2E)
     runs = len(qb)
     exact, shift = np.empty((runs, n), np.bool_), np.empty((runs, n), dtype)
-    _run_shifts(qb, k, memory.k, lo, hi, bias, top_offset, SAFE_SPREAD[dtype.type] * LOG2E,
-                exact, shift)
+    pairs = _run_shifts(qb, k, memory.k, lo, hi, bias, memory.log_weights,
+                        SAFE_SPREAD[dtype.type] * LOG2E, exact, shift)
     keys, values, mem_k, mem_v = k, v, memory.k, memory.v
     if small:  # transposed, for `_small_scores` and `_small_values`
         keys, values = (np.ascontiguousarray(a.transpose(0, 2, 1)) for a in (k, v))
@@ -216,7 +220,7 @@ def attend(
         _query_blocks(u0, u1, block, min(block, BLOCK), qb, keys, values, bias, lo, hi, exact,
                       shift, mem_k, mem_v, mem_bias, small, out_runs)
 
-    cost = runs * float((hi - lo + m).sum()) * (2 * (q.shape[-1] + f) + 30)
+    cost = runs * pairs * (2 * (q.shape[-1] + f) + 30)
     with _blas_on_one_thread():
         parallel_ranges(share, runs * -(-n // block), cost=cost)
     return out
@@ -238,10 +242,28 @@ def _small(e: int, f: int) -> bool:
 
 
 @njit(nogil=True, cache=True)
-def _run_shifts(qb, k, mem_k, lo, hi, bias, top_offset, safe_spread, exact, shift):
-    """`_shifts` of every run: qb, k (runs, n, e), exact and shift (runs, n)."""
+def _run_shifts(qb, k, mem_k, lo, hi, bias, log_weights, safe_spread, exact, shift):
+    """`_shifts` of every run (qb, k (runs, n, e), exact and shift (runs, n)), with each row's
+    largest offset `fused.row_top` of the bias (n, n) or (0, 0) and the memory log_weights
+    (m,); returns the pairs of one run, sum_i (hi_i - lo_i + m). One compiled call: each
+    numpy call of this preparation cost several microseconds between kernel calls."""
+    mem_top = -np.inf
+    for j in range(log_weights.shape[0]):
+        mem_top = max(mem_top, log_weights[j])
+    top_offset = np.empty(lo.shape[0])
+    pairs = 0
+    for i in range(lo.shape[0]):
+        top = mem_top
+        if bias.shape[0]:
+            for j in range(lo[i], hi[i]):
+                top = max(top, bias[i, j])
+        elif hi[i] > lo[i]:
+            top = max(top, 0.0)
+        top_offset[i] = top
+        pairs += max(hi[i] - lo[i], 0) + log_weights.shape[0]
     for r in range(qb.shape[0]):
         _shifts(qb[r], k[r], mem_k, lo, hi, bias, top_offset, safe_spread, exact[r], shift[r])
+    return pairs
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
