@@ -267,3 +267,20 @@ def test_zero_bias_is_the_plain_kernel_and_bias_keeps_causality():
                          != kernel(y, y, y, 9.0, "causal", bias=b), axis=-1)
         assert changed[5, 12:].all() and not changed[5, :12].any(), name
         assert not np.delete(changed, 5, axis=0).any(), name
+
+
+def test_blocked_row_tops_equal_the_numpy_row_top():
+    """The blocked kernel's row offsets (numba) equal `fused.row_top` (numpy) for every band,
+    with and without a bias (with -inf entries) and memory log-weights."""
+    from attnflow.kernels.blocked import _row_tops
+    from attnflow.kernels.fused import band, row_top
+
+    rng = np.random.default_rng(17)
+    n = 9
+    for mask in ("causal", "full", ("window", 3)):
+        for bias in (None, random_bias(rng, n)):
+            for log_weights in (np.zeros(0), rng.standard_normal(2)):
+                lo, hi, token_bias = band(mask, n, bias)
+                got = _row_tops(lo, hi, np.zeros((0, 0)) if token_bias is None else token_bias,
+                                log_weights)
+                np.testing.assert_array_equal(got, row_top(lo, hi, token_bias, log_weights))

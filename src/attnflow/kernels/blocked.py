@@ -243,27 +243,34 @@ def _small(e: int, f: int) -> bool:
 
 @njit(nogil=True, cache=True)
 def _run_shifts(qb, k, mem_k, lo, hi, bias, log_weights, safe_spread, exact, shift):
-    """`_shifts` of every run (qb, k (runs, n, e), exact and shift (runs, n)), with each row's
-    largest offset `fused.row_top` of the bias (n, n) or (0, 0) and the memory log_weights
-    (m,); returns the pairs of one run, sum_i (hi_i - lo_i + m). One compiled call: each
-    numpy call of this preparation cost several microseconds between kernel calls."""
+    """`_shifts` of every run (qb, k (runs, n, e), exact and shift (runs, n)); returns the
+    pairs of one run, sum_i (hi_i - lo_i + m). bias: (n, n) or (0, 0); log_weights: the
+    memory's (m,). One compiled call for the whole preparation: between kernel calls each
+    numpy call cost several microseconds."""
+    top_offset = _row_tops(lo, hi, bias, log_weights)
+    for r in range(qb.shape[0]):
+        _shifts(qb[r], k[r], mem_k, lo, hi, bias, top_offset, safe_spread, exact[r], shift[r])
+    return (hi - lo).sum() + lo.shape[0] * log_weights.shape[0]
+
+
+@njit(nogil=True, cache=True)
+def _row_tops(lo, hi, bias, log_weights):
+    """`fused.row_top` in numba: each row's largest offset (n,) among the bias (n, n) over
+    its band [lo_i, hi_i) (0 for an empty bias (0, 0)) and the memory log_weights (m,);
+    -inf for a row with no allowed key."""
     mem_top = -np.inf
     for j in range(log_weights.shape[0]):
         mem_top = max(mem_top, log_weights[j])
-    top_offset = np.empty(lo.shape[0])
-    pairs = 0
+    top = np.empty(lo.shape[0])
     for i in range(lo.shape[0]):
-        top = mem_top
+        t = mem_top
         if bias.shape[0]:
             for j in range(lo[i], hi[i]):
-                top = max(top, bias[i, j])
+                t = max(t, bias[i, j])
         elif hi[i] > lo[i]:
-            top = max(top, 0.0)
-        top_offset[i] = top
-        pairs += max(hi[i] - lo[i], 0) + log_weights.shape[0]
-    for r in range(qb.shape[0]):
-        _shifts(qb[r], k[r], mem_k, lo, hi, bias, top_offset, safe_spread, exact[r], shift[r])
-    return pairs
+            t = max(t, 0.0)
+        top[i] = t
+    return top
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"}, cache=True)
