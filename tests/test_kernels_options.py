@@ -179,7 +179,7 @@ def test_kernel_without_an_option_names_backend_and_option(name):
 
 def test_supports_table():
     assert SUPPORTS["dense"] == SUPPORTS["auto"] == {"bias", "unnormalised", "sinkhorn"}
-    assert set(SUPPORTS) == {"auto", "dense", "fused", "blocked", "torch"}
+    assert set(SUPPORTS) == {"auto", "dense", "fused", "blocked", "torch", "harmonic"}
 
 
 def test_auto_never_picks_a_kernel_without_the_option():

@@ -40,7 +40,7 @@ from attnflow.family.positional import (
     encoding_from_record,
 )
 from attnflow.family.weighting import Weighting, as_weighting
-from attnflow.kernels import SUPPORTS, Kernel, Memory, auto, get_kernel, options
+from attnflow.kernels import SUPPORTS, Kernel, Memory, auto, get_kernel, options, supports
 from attnflow.kernels.dense import attention_weights
 from attnflow.kernels.masks import (
     MaskSpec,
@@ -163,16 +163,15 @@ class SelfAttention:
         n = self.fixed_n
         if n is not None and self.memory is None:
             allowed = mask_matrix(self.mask, n)
-            for e in self.encodings:
-                b = e.bias(n, 0, len(self.heads))
-                if b is not None:
-                    allowed = allowed & np.isfinite(b)
+            b = options.check_bias(self.score_bias(n, 0), n)
+            if b is not None:
+                allowed = allowed & np.isfinite(b)
             empty = np.flatnonzero(~allowed.any(axis=1))
             if empty.size:
                 raise fail("mask", "every row to allow at least one key (or memory tokens "
                            "to attend to)", f"no key allowed in row(s) {empty[:10].tolist()}")
         if self.backend != "auto":
-            missing = self.options - SUPPORTS[self.backend]
+            missing = self.options - supports(self.backend)
             if missing:
                 raise fail("backend", f"a kernel with the options {sorted(self.options)} "
                            f"(kernels: { {k: sorted(v) for k, v in SUPPORTS.items()} })",
@@ -257,7 +256,8 @@ class SelfAttention:
         e = max(self.head_size(Q, K, X.shape[-1]) for Q, K, *_ in self.heads)
         q = np.broadcast_to(np.zeros((), X.dtype), (*X.shape[:-1], e))
         return auto.choose(q, X, bias=self.score_bias(X.shape[-2], 0),
-                           normalization=self.normalization)
+                           normalization=self.normalization, mask=self.mask,
+                           beta=self.beta)
 
     def output(self, u: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
         """A: the sum (or mean) over heads of the attention-weighted values at the inputs
@@ -304,14 +304,15 @@ class SelfAttention:
             x = e.rotate(x, positions)
         return x
 
-    def score_bias(self, n: int, head: int) -> np.ndarray | None:
-        """The additive (n, n) score bias of one head (sum of the encodings'), or None."""
-        total = None
-        for e in self.encodings:
-            b = e.bias(n, head, len(self.heads))
-            if b is not None:
-                total = b if total is None else total + b
-        return total
+    def score_bias(self, n: int, head: int) -> np.ndarray | options.LinearBias | None:
+        """The additive score bias of one head, or None: one encoding's as it gives it (a
+        structured `LinearBias` stays one, for the harmonic kernels), the (n, n) sum of
+        several."""
+        parts = [b for e in self.encodings
+                 if (b := e.bias(n, head, len(self.heads))) is not None]
+        if len(parts) <= 1:
+            return parts[0] if parts else None
+        return sum(options.check_bias(b, n) for b in parts)
 
     def _memory(self, K: np.ndarray | None, V: np.ndarray | None) -> Memory | None:
         """Memory keys and values of one head, or None without memory."""

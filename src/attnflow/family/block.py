@@ -33,9 +33,11 @@ from attnflow.family.parts import Part
 from attnflow.family.positional import ALiBi, Encoding, RoPE, ScoreBias, as_alibi, as_rope
 from attnflow.family.schemes import Scheme, make_scheme
 from attnflow.family.weighting import Weighting
-from attnflow.kernels import Kernel
+from attnflow.kernels import Kernel, get_kernel
+from attnflow.kernels.harmonic import Harmonic
 from attnflow.kernels.masks import MaskSpec
-from attnflow.manifolds import Manifold
+from attnflow.manifolds import SPHERE, Manifold
+from attnflow.sphere import normalize
 
 __all__ = ["FORMS", "Attention", "Block"]
 
@@ -145,15 +147,27 @@ class Block:
         """The attention sublayer's output at its inputs u (..., n, d)."""
         return self.attention.output(u, kernel)
 
+    def attention_inputs(self, X: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
+        """The attention sublayer's input at the state X: the scheme's, except that a
+        harmonic kernel (`attnflow.kernels.harmonic`) on a sphere scheme reads the directions
+        X / |X|: the stages of RK4 and dopri5 lie off the sphere by O(dt^2), where the plain
+        extension's queries and keys have no common norm. On the sphere the field is the
+        same; off it this is the extension the implicit methods use."""
+        u = self.scheme.inputs(X)
+        kernel = get_kernel(self.attention.backend) if kernel is None else kernel
+        if self.scheme.manifold is SPHERE and isinstance(kernel, Harmonic):
+            return normalize(u)
+        return u
+
     def sublayers(self, kernel: Kernel | None = None) -> list[tuple[Field, Field]]:
         """(velocity, Euler drift) of each sublayer as functions of the state, in order."""
         att, sch = self.attention, self.scheme
 
         def a_field(X: np.ndarray) -> np.ndarray:
-            return sch.field(X, att.output(sch.inputs(X), kernel))
+            return sch.field(X, att.output(self.attention_inputs(X, kernel), kernel))
 
         def a_drift(X: np.ndarray) -> np.ndarray:
-            return sch.drift(X, att.output(sch.inputs(X), kernel))
+            return sch.drift(X, att.output(self.attention_inputs(X, kernel), kernel))
 
         out = [(a_field, a_drift)]
         if self.mlp is not None:
@@ -175,7 +189,8 @@ class Block:
     def tangent_field(self, X: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
         """`field` without the input checks: the integrators' hot path (tangent to the
         sphere for the sphere schemes)."""
-        out = self.scheme.field(X, self.attention.output(self.scheme.inputs(X), kernel))
+        out = self.scheme.field(X, self.attention.output(self.attention_inputs(X, kernel),
+                                                         kernel))
         if self.mlp is not None:
             out = out + self.mlp_scheme.field(X, self.mlp(self.mlp_scheme.inputs(X)))
         return out
@@ -184,7 +199,8 @@ class Block:
         """The ambient drift of an explicit Euler step of the continuous form: with post-LN
         the sublayers' outputs themselves, so that normalize(x + drift) is one post-LN
         layer of attention only."""
-        out = self.scheme.drift(X, self.attention.output(self.scheme.inputs(X), kernel))
+        out = self.scheme.drift(X, self.attention.output(self.attention_inputs(X, kernel),
+                                                         kernel))
         if self.mlp is not None:
             out = out + self.mlp_scheme.drift(X, self.mlp(self.mlp_scheme.inputs(X)))
         return out

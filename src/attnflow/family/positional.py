@@ -23,6 +23,7 @@ import numpy as np
 
 from attnflow._checks import describe, fail, finite_array, number, positive
 from attnflow.family.parts import Part, part_from_record, register
+from attnflow.kernels.options import LinearBias
 
 __all__ = ["ALiBi", "Encoding", "RoPE", "ScoreBias", "encoding_from_record"]
 
@@ -45,8 +46,9 @@ class Encoding(Part):
         (queries and keys are rotated alike)."""
         return x
 
-    def bias(self, n: int, head: int, n_heads: int) -> np.ndarray | None:
-        """The additive (n, n) score bias of one head (None: no bias)."""
+    def bias(self, n: int, head: int, n_heads: int) -> np.ndarray | LinearBias | None:
+        """The additive (n, n) score bias of one head: an array, a structured `LinearBias`,
+        or None (no bias)."""
         return None
 
 
@@ -172,9 +174,10 @@ class ALiBi(Encoding):
             raise fail("alibi", f"{n_heads} slopes (one per head)",
                        f"{len(self.slopes)} slopes")
 
-    def bias(self, n: int, head: int, n_heads: int) -> np.ndarray | None:
-        i = np.arange(n, dtype=float)
-        return -self.slope(head, n_heads) * np.abs(i[:, None] - i[None, :])
+    def bias(self, n: int, head: int, n_heads: int) -> LinearBias:
+        """-lambda_h |i - j|, kept structured (`attnflow.kernels.options.LinearBias`): the
+        harmonic kernels sum it over prefixes; the others receive its (n, n) matrix."""
+        return LinearBias(self.slope(head, n_heads))
 
     def to_record(self, prefix: str = "") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         slopes = list(self.slopes) if isinstance(self.slopes, tuple) else self.slopes

@@ -6,8 +6,10 @@
 * "fused": numba, for ensembles of runs with small heads (the paper's workloads).
 * "blocked": streaming softmax over key blocks, for long sequences in bounded memory.
 * "torch": torch's scaled_dot_product_attention on CPU threads (optional extra).
-* "auto" (the default of `Attention`): per call, the fastest of dense, fused and blocked
-  that has the call's options.
+* "harmonic" (or "harmonic:TOL", tolerance TOL, default 1e-12): O(n K) harmonic moments on
+  the circle and S^2, where queries and keys each have one common norm (`harmonic`).
+* "auto" (the default of `Attention`): per call, the fastest of dense, fused, blocked and
+  harmonic that has the call's options.
 
 Beside softmax attention, kernels take a score bias and other normalizations
 (`attnflow.kernels.options`); `SUPPORTS[name]` lists the options each kernel has.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 
 from attnflow._checks import fail
-from attnflow.kernels import auto, blocked, dense, fused
+from attnflow.kernels import auto, blocked, dense, fused, harmonic
 from attnflow.kernels import torch as torch_kernel
 from attnflow.kernels.types import Kernel, Memory, Normalization
 
@@ -28,6 +30,7 @@ KERNELS: dict[str, Kernel] = {
     "fused": fused.attend,
     "blocked": blocked.attend,
     "torch": torch_kernel.attend,
+    "harmonic": harmonic.Harmonic(),
 }
 
 # The options ("bias", "unnormalised", "sinkhorn") each kernel has beside plain softmax.
@@ -37,19 +40,38 @@ SUPPORTS: dict[str, frozenset[str]] = {
     "fused": fused.SUPPORTS,
     "blocked": blocked.SUPPORTS,
     "torch": torch_kernel.SUPPORTS,
+    "harmonic": harmonic.SUPPORTS,
 }
 
 
 def get_kernel(name: str) -> Kernel:
-    """The kernel registered as `name` (see `KERNELS` for the choices)."""
+    """The kernel registered as `name` (see `KERNELS` for the choices), or for
+    "harmonic:TOL" the harmonic kernel with tolerance TOL."""
+    if isinstance(name, str) and name.startswith("harmonic:"):
+        try:
+            tol = float(name.split(":", 1)[1])
+        except ValueError:
+            raise fail("backend", "harmonic:TOL with a number TOL (e.g. harmonic:1e-9)",
+                       repr(name)) from None
+        try:
+            return harmonic.Harmonic(tol)
+        except ValueError as err:
+            raise fail("backend", f"harmonic:TOL with {err}", repr(name)) from None
     try:
         kernel = KERNELS[name]
-    except KeyError:
-        raise fail("backend", f"one of {sorted(KERNELS)}", repr(name)) from None
+    except (KeyError, TypeError):
+        raise fail("backend", f"one of {sorted(KERNELS)} or harmonic:TOL", repr(name)) from None
     if name == "torch" and importlib.util.find_spec("torch") is None:
         raise fail("backend", "an installed backend ('torch' needs: pip install attnflow[torch])",
                    repr(name))
     return kernel
 
 
-__all__ = ["KERNELS", "SUPPORTS", "Kernel", "Memory", "Normalization", "get_kernel"]
+def supports(name: str) -> frozenset[str]:
+    """The options (`attnflow.kernels.options`) of the backend `name` (as `get_kernel`)."""
+    get_kernel(name)
+    return SUPPORTS[name.split(":", 1)[0]]
+
+
+__all__ = ["KERNELS", "SUPPORTS", "Kernel", "Memory", "Normalization", "get_kernel",
+           "supports"]

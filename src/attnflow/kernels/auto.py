@@ -4,20 +4,23 @@ Measured on the 2-core development machine: the fused kernel wins from about 8 r
 SIMD lanes are runs, 32 to a tile in float64, 64 in float32), as long as heads are small;
 the blocked kernel wins for fewer runs from about a hundred tokens (BLAS products, no n x n
 temporaries); the dense reference is fastest only for small ones, and takes the calls that
-need an option the others lack (`attnflow.kernels.options`). torch is never chosen
-automatically (it is optional; ask for backend="torch").
+need an option the others lack (`attnflow.kernels.options`). The harmonic kernel wins on the
+circle and S^2 from about 4 tokens per harmonic feature (`harmonic.features`: 133 on the
+circle at beta = 64, 900 on S^2 at beta = 9), where it applies (queries and keys of one norm
+each: checked per call, the blocked kernel taking the calls it refuses). torch is never
+chosen automatically (it is optional; ask for backend="torch").
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from attnflow.kernels import blocked, dense, fused
+from attnflow.kernels import blocked, dense, fused, harmonic
 from attnflow.kernels.masks import MaskSpec
-from attnflow.kernels.options import ALL, check_normalization, needed
+from attnflow.kernels.options import ALL, LinearBias, check_normalization, needed
 from attnflow.kernels.types import Kernel, Memory, Normalization
 
-__all__ = ["SUPPORTS", "attend", "choose"]
+__all__ = ["SUPPORTS", "attend", "choose", "harmonic_or_blocked"]
 
 SUPPORTS = ALL  # every option: calls that need one the fast kernels lack go to dense
 
@@ -32,21 +35,45 @@ MAX_HEAD_FUSED = 16  # head sizes e, f up to which its unrolled loops pay
 # one-off compilation (seconds per head sizes and dtype, then cached on disk) to matter.
 MIN_PAIRS_FUSED = 10_000
 MIN_TOKENS_BLOCKED = 96  # tokens from which the blocked kernel beats the dense one
+# Harmonic against blocked, one causal run, 2 threads, 2026-12-03 (benchmarks/RESULTS.md):
+# even at 3-4 tokens per feature on the circle (beta 64 and 1000) and about 4 on S^2 (beta 9).
+MIN_TOKENS_PER_FEATURE = 4
 
 
-def choose(q: np.ndarray, v: np.ndarray, bias: np.ndarray | None = None,
-           normalization: Normalization = "softmax") -> Kernel:
+def choose(q: np.ndarray, v: np.ndarray, bias: np.ndarray | LinearBias | None = None,
+           normalization: Normalization = "softmax", mask: MaskSpec | None = None,
+           beta: float | None = None) -> Kernel:
     """The kernel `attend` uses for queries q (..., n, e) and values v (..., n, f), with the
-    given score bias and normalization: never one that lacks an option the call needs."""
+    given score bias and normalization: never one that lacks an option the call needs. The
+    harmonic kernel is considered when the mask and beta are given."""
     need = needed(bias, check_normalization(normalization))
     runs = int(np.prod(np.broadcast_shapes(q.shape[:-2], v.shape[:-2])))
     n = q.shape[-2]
     if (runs >= MIN_RUNS_FUSED and max(q.shape[-1], v.shape[-1]) <= MAX_HEAD_FUSED
             and runs * n * (n + 1) // 2 >= MIN_PAIRS_FUSED and need <= fused.SUPPORTS):
         return fused.attend
+    if (mask is not None and beta is not None and q.shape[-1] in (2, 3)
+            and isinstance(mask, (str, tuple)) and (bias is None or isinstance(bias, LinearBias))
+            and need <= harmonic.SUPPORTS
+            and n >= MIN_TOKENS_PER_FEATURE * harmonic.features(beta, q.shape[-1])):
+        return harmonic_or_blocked
     if n >= MIN_TOKENS_BLOCKED and need <= blocked.SUPPORTS:
         return blocked.attend
     return dense.attend
+
+
+def harmonic_or_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float,
+                        mask: MaskSpec, memory: Memory | None = None,
+                        bias: np.ndarray | LinearBias | None = None,
+                        normalization: Normalization = "softmax") -> np.ndarray:
+    """The harmonic kernel (default tolerance) where `harmonic.check` accepts the call (its
+    queries' and keys' norms are only known here), else the blocked kernel."""
+    try:
+        harmonic.check(q, k, mask, bias, normalization)
+    except ValueError:
+        return blocked.attend(q, k, v, beta, mask, memory, bias=bias,
+                              normalization=normalization)
+    return harmonic.attend(q, k, v, beta, mask, memory, bias, normalization)
 
 
 def attend(
@@ -59,7 +86,7 @@ def attend(
     bias: np.ndarray | None = None,
     normalization: Normalization = "softmax",
 ) -> np.ndarray:
-    """Masked attention by the kernel `choose(q, v, bias, normalization)` picks; same
+    """Masked attention by the kernel `choose(q, v, bias, normalization, mask, beta)` picks; same
     contract as `attnflow.kernels.dense.attend`."""
-    kernel = choose(q, v, bias, normalization)
+    kernel = choose(q, v, bias, normalization, mask, beta)
     return kernel(q, k, v, beta, mask, memory, bias=bias, normalization=normalization)

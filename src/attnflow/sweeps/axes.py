@@ -17,7 +17,7 @@ from typing import Any
 from attnflow._checks import fail
 from attnflow.family.text import DEFAULTS, family_options, option_names
 from attnflow.integrate import METHODS
-from attnflow.kernels import KERNELS
+from attnflow.kernels import KERNELS, get_kernel
 from attnflow.kernels.masks import mask_from_text
 
 Check = Callable[[str, Any], Any]  # (the field's name in errors, raw value) -> checked value
@@ -63,6 +63,15 @@ def _one_of(choices: tuple[str, ...]) -> Check:
         return v
 
     return check
+
+
+def _backend(name: str, v: Any) -> str:
+    """A kernel name (`attnflow.kernels.KERNELS`) or harmonic:TOL."""
+    try:
+        get_kernel(text(name, v))
+    except ValueError:
+        raise fail(name, f"one of {', '.join(KERNELS)} or harmonic:TOL", repr(v)) from None
+    return v
 
 
 def _mask_text(name: str, v: Any) -> str:
@@ -126,7 +135,7 @@ def axes() -> dict[str, tuple[Check, Any]]:
     "dt": (real(0, strict=True), None),
     "rtol": (real(0, strict=True), None),
     "atol": (real(0, strict=True), None),
-    "backend": (_one_of(tuple(KERNELS)), None),
+    "backend": (_backend, None),
     **family_axes(),
     "noise": (real(0, strict=False), None),
     }

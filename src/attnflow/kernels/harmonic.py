@@ -1,0 +1,347 @@
+"""The harmonic kernels: attention on the circle and on S^2 in O(n K) instead of O(n^2).
+
+When every query has the same norm |q_i| = a and every key the same norm |k_j| = b (Q and K
+each a multiple of an orthogonal matrix, on tokens of the sphere; RoPE keeps this), the score
+is beta a b <u_i, w_j> with unit directions u, w, and exp(B <u, w>), B = beta a b, expands in
+harmonics of u and w: Jacobi-Anger on the circle (order K), the addition theorem of spherical
+harmonics on S^2 (degree L, also called K below) (docs/science.md, "Harmonic kernels").
+Every sum over the keys a row sees becomes a combination of the keys' harmonic moments over
+that set: prefix sums for the causal mask, prefix sums over the last w keys for a window,
+one total for the full mask; a score bias -slope |i - j| (ALiBi, `options.LinearBias`)
+becomes a decay e^{-slope} per step of those sums. V factors out.
+
+Accuracy, proven and checked per row. Weights are computed as exp(score - |B|) (scaled
+Bessel functions, scipy.special.ive), so nothing overflows at any B. The expansion's tail is
+bounded per pair by T(K) = sum_{|k| > K} |c_k| (circle) or sum_{l > L} (2l + 1) |e^{-|B|} i_l(B)|
+(S^2), since |cos|, |P_l| <= 1. The order is the least K with T(K) <= tol * ETA. After the
+sums, each row's bound on the error of its normaliser Z_i (the sum of its weights),
+relative to Z_i, is count_i T(K) / Z_i, count_i the (decayed) number of keys it sees; rows
+whose bound exceeds `tol` (a query far from every key it sees) are summed directly, so every
+row meets it: the output's error is at most 2 tol max_j |v_j| (softmax), or tol times the row's
+weight sum times max_j |v_j| (unnormalised). Round-off: moments are Kahan-compensated sums
+(`attnflow.kernels._harmonic`), whose error does not grow with the number of keys; windows
+rebuild their sums every w rows; a decay's error is bounded by 1 / slope steps.
+
+Applies to masks "full", "causal" and ("window", w), softmax and unnormalised weights, any
+values v, beta of either sign or zero, memory tokens (summed directly), a `LinearBias`;
+float32 inputs are computed in float64 and returned in float32. Anything else is refused
+with the reason (`check`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from scipy.special import ive
+
+from attnflow._checks import describe, fail
+from attnflow.kernels import _harmonic
+from attnflow.kernels.masks import MaskSpec, check_mask
+from attnflow.kernels.options import LinearBias, check_normalization
+from attnflow.kernels.types import Memory, Normalization
+from attnflow.parallel import parallel_ranges
+
+__all__ = ["DEFAULT_TOL", "ETA", "MIN_TOL", "SUPPORTS", "Harmonic", "attend", "check",
+           "coefficients", "features", "order", "sums", "tail"]
+
+SUPPORTS = frozenset({"bias", "unnormalised"})  # bias: a LinearBias only (`check`)
+DEFAULT_TOL = 1e-12
+# Below this the round-off of the sums (a few eps of float64 per term, times the order)
+# dominates the truncation: no K can promise it.
+MIN_TOL = 1e-14
+# The mean weight Z_i / count_i from which a row meets tol by the a priori order; rows below
+# it are checked against their own bound (module docstring).
+ETA = 2.0 ** -10
+BLOCK = 4096  # rows of one share of the threads (its moments start from the block totals)
+
+
+@dataclass(frozen=True)
+class Harmonic:
+    """The harmonic kernel with tolerance `tol` (the `Kernel` signature; backend
+    "harmonic" or "harmonic:TOL")."""
+
+    tol: float = DEFAULT_TOL
+
+    def __post_init__(self) -> None:
+        check_tol(self.tol)
+
+    def __call__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float,
+                 mask: MaskSpec, memory: Memory | None = None, bias: Any = None,
+                 normalization: Normalization = "softmax") -> np.ndarray:
+        return attend(q, k, v, beta, mask, memory, bias, normalization, tol=self.tol)
+
+
+def check_tol(tol: Any) -> float:
+    """tol as a float in [MIN_TOL, 1)."""
+    if (isinstance(tol, (bool, np.bool_)) or not isinstance(tol, (int, float, np.number))
+            or not MIN_TOL <= float(tol) < 1):
+        raise fail("tol", f"a tolerance in [{MIN_TOL:g}, 1) (below {MIN_TOL:g} the round-off "
+                   "of float64 sums dominates)", repr(tol))
+    return float(tol)
+
+
+# ---------------------------------------------------------------------- the expansion
+@lru_cache(maxsize=64)
+def coefficients(B: float, d: int) -> np.ndarray:
+    """c (K_max + 1,): the expansion coefficients of exp(B <u, w> - |B|) by order, as far as
+    they are above 1e-300 of the first: circle c_k = ive(k, B) (each counted for k and -k);
+    S^2 e^{-|B|} i_l(B) = sqrt(pi / (2 |B|)) ive(l + 1/2, |B|) (-1)^l for B < 0."""
+    if B == 0:
+        return np.ones(1)
+    a = abs(B)
+    top = int(a + 40 * math.sqrt(a) + 60)
+    orders = np.arange(top + 1, dtype=float)
+    if d == 2:
+        c = ive(orders, a)
+    else:
+        c = math.sqrt(math.pi / (2 * a)) * ive(orders + 0.5, a)
+    keep = np.flatnonzero(c > 1e-300 * c[0])
+    c = c[: keep[-1] + 1]
+    if B < 0:
+        c = c * (-1.0) ** np.arange(c.size)
+    return c
+
+
+def tail(B: float, d: int) -> np.ndarray:
+    """T (K_max + 1,): T[K] bounds |exp(B <u, w> - |B|) - its expansion to order K| for all
+    unit u, w: the sum over the orders above K of |c_k| (circle: twice, for k and -k) or
+    (2 l + 1) |c_l| (S^2), since |cos| and |P_l| are at most 1."""
+    c = np.abs(coefficients(B, d))
+    per_order = (2 * np.arange(c.size) + 1) * c if d == 3 else np.where(
+        np.arange(c.size) > 0, 2 * c, c)
+    from_order = np.cumsum(per_order[::-1])[::-1]  # sum over the orders >= K
+    return np.concatenate([from_order[1:], [0.0]])  # beyond: below 1e-300 of c_0
+
+
+def order(B: float, d: int, tol: float) -> int:
+    """K: the least order whose tail T(K) is at most tol * ETA."""
+    return int(np.argmax(tail(B, d) <= tol * ETA))
+
+
+def features(B: float, d: int, tol: float = DEFAULT_TOL) -> int:
+    """H: the harmonic features per token at score scale B on S^{d-1} (2K + 1 on the circle,
+    (K + 1)^2 on S^2): the kernel's cost per token is proportional to H."""
+    return _harmonic.feature_count(d, order(B, d, tol))
+
+
+# ---------------------------------------------------------------------- applicability
+def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any
+          ) -> tuple[MaskSpec, LinearBias | None, Normalization, float, float]:
+    """Whether the harmonic kernel applies to a call, with the reason when not; returns the
+    canonical mask, bias and normalization and the common norms a = |q_i|, b = |k_j|."""
+    mask = check_mask(mask)
+    if isinstance(mask, np.ndarray):
+        raise fail("mask", "'full', 'causal' or ('window', w) for the harmonic kernel (sums "
+                   "over prefixes; a boolean array has no such structure)", describe(mask))
+    normalization = check_normalization(normalization)
+    if isinstance(normalization, tuple):
+        raise fail("normalization", "'softmax' or 'unnormalised' for the harmonic kernel",
+                   repr(normalization))
+    if bias is not None and not isinstance(bias, LinearBias):
+        raise fail("bias", "None or a LinearBias (-slope |i - j|, ALiBi's) for the harmonic "
+                   "kernel: an (n, n) array has no prefix structure", describe(np.asarray(bias)))
+    e = q.shape[-1]
+    if e not in (2, 3) or k.shape[-1] != e:
+        raise fail("q", "queries and keys of size 2 (the circle) or 3 (S^2) for the harmonic "
+                   "kernel (Q, K mapping to R^2 or R^3)", describe(q))
+    a = _common_norm("q", q)
+    b = _common_norm("k", k)
+    return mask, bias, normalization, a, b
+
+
+def _common_norm(name: str, x: np.ndarray) -> float:
+    """The norm every row of x shares (Q or K a multiple of an orthogonal matrix on tokens
+    of the sphere); refused when they differ beyond round-off."""
+    norms = np.sqrt(np.einsum("...i,...i->...", x, x, dtype=float))
+    top, low = float(norms.max()), float(norms.min())
+    slack = 64 * np.finfo(x.dtype if np.issubdtype(x.dtype, np.floating) else float).eps
+    if top - low > slack * max(top, 1.0):
+        which = "Q" if name == "q" else "K"
+        raise fail(name, f"rows of one common norm for the harmonic kernel ({which} a multiple "
+                   "of an orthogonal matrix, tokens on the sphere)",
+                   f"norms from {low:.6g} to {top:.6g}")
+    return top
+
+
+# ---------------------------------------------------------------------- the kernel
+def attend(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    beta: float,
+    mask: MaskSpec,
+    memory: Memory | None = None,
+    bias: LinearBias | None = None,
+    normalization: Normalization = "softmax",
+    tol: float = DEFAULT_TOL,
+) -> np.ndarray:
+    """Masked attention by harmonic moments (module docstring); the contract of
+    `attnflow.kernels.dense.attend` for the calls `check` accepts, to within `tol`.
+
+    q, k : (..., n, e) queries and keys, e = 2 or 3, each of one common norm.
+    v : (..., n, f) values. beta : any real. Returns (..., n, f) in v's float dtype.
+    """
+    tol = check_tol(tol)
+    mask, bias, normalization, a, b = check(q, k, mask, bias, normalization)
+    N, Z, shift = sums(q, k, v, beta, mask, memory, bias, tol, (a, b))
+    if normalization == "softmax":
+        out = N / Z[..., None]
+    else:
+        count = q.shape[-2] + (0.0 if memory is None else float(np.exp(memory.log_weights).sum()))
+        with np.errstate(over="ignore"):
+            scale = np.exp(shift - math.log(count))
+        out = N * scale
+    dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
+    return out.astype(dtype, copy=False)
+
+
+def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpec,
+         memory: Memory | None, bias: LinearBias | None, tol: float,
+         norms: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, float]:
+    """(N (..., n, f), Z (..., n), s): each row's sum over the keys it sees of
+    exp(score - s) v_j and of exp(score - s), s = |beta a b|, to within tol relative to Z.
+    Inputs as checked by `check` (norms: its a, b)."""
+    a, b = norms
+    B = float(beta) * a * b
+    d = q.shape[-1]
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    n, f = q.shape[-2], v.shape[-1]
+    u = _directions(np.broadcast_to(q, (*lead, n, d)), a)
+    w = u if (k is q and a == b) else _directions(np.broadcast_to(k, (*lead, n, d)), b)
+    vv = np.concatenate([np.broadcast_to(v, (*lead, n, f)).astype(float),
+                         np.ones((*lead, n, 1))], axis=-1).reshape(-1, n, f + 1)
+    u, w = u.reshape(-1, n, d), w.reshape(-1, n, d)
+    K = order(B, d, tol)
+    degree = _harmonic.degrees(d, K)
+    lam = coefficients(B, d)[degree] * (np.where(degree > 0, 2.0, 1.0) if d == 2 else 1.0)
+    gamma = 1.0 if bias is None else math.exp(-bias.slope)
+    acc = np.zeros_like(vv)
+    _scan(u, w, vv, lam, K, u is w, mask, gamma, acc)
+    s = abs(B)
+    if memory is not None:
+        acc += _memory_sums(u * a, memory, float(beta), s, f)
+    count = _counts(n, mask, gamma)
+    T = float(tail(B, d)[K])
+    Z = acc[..., f]
+    bad = ~(count * T <= tol * Z)  # NaN-safe: a non-positive or NaN Z fails
+    if np.any(bad):
+        _direct_rows(acc, bad, u * a, w * b, vv, float(beta), mask, gamma, memory, s)
+    acc = acc.reshape(*lead, n, f + 1)
+    return acc[..., :f], acc[..., f], s
+
+
+def _directions(x: np.ndarray, norm: float) -> np.ndarray:
+    """x / norm as float64 (any direction where norm = 0: then B = 0 and only the constant
+    harmonic is used)."""
+    x = np.asarray(x, dtype=float)
+    if norm == 0:
+        out = np.zeros_like(x)
+        out[..., 0] = 1.0
+        return out
+    return x / norm
+
+
+def _scan(u: np.ndarray, w: np.ndarray, vv: np.ndarray, lam: np.ndarray, K: int, same: bool,
+          mask: MaskSpec, gamma: float, acc: np.ndarray) -> None:
+    """acc (R, n, F) += each row's harmonic sums (block shares on the threads; the blocks'
+    starting moments from a first pass of block totals)."""
+    R, n, F = vv.shape
+    H = lam.size
+    rec = _harmonic.recurrence(u.shape[-1], K)
+    blocks = -(-n // BLOCK)
+    bounds = [(i * BLOCK, min(n, (i + 1) * BLOCK)) for i in range(blocks)]
+    units = [(r, lo, hi) for r in range(R) for lo, hi in bounds]
+    cost = float(R) * n * H * F * 8
+    window = mask[1] if isinstance(mask, tuple) else 0
+    decayed = [gamma ** (hi - lo) for lo, hi in bounds]
+    starts = ends = None  # (R, blocks, F, H): moments before each block / after it
+    if not window and blocks > 1:
+        totals = _totals(w, vv, K, rec, units, gamma, False, cost)
+        starts = np.zeros_like(totals)
+        for j in range(1, blocks):
+            starts[:, j] = starts[:, j - 1] * decayed[j - 1] + totals[:, j - 1]
+        if mask == "full" and gamma != 1.0:
+            totals = _totals(w, vv, K, rec, units, gamma, True, cost)
+            ends = np.zeros_like(totals)
+            for j in range(blocks - 2, -1, -1):
+                ends[:, j] = totals[:, j + 1] + ends[:, j + 1] * decayed[j + 1]
+    whole = None
+    if mask == "full" and gamma == 1.0:  # one total of all keys per run
+        whole = (starts[:, -1] * decayed[-1] + totals[:, -1] if starts is not None
+                 else np.stack([_whole(w[r], vv[r], K, rec, H) for r in range(R)]))
+
+    def run(start: int, stop: int) -> None:
+        for r, lo, hi in units[start:stop]:
+            j = lo // BLOCK
+            if whole is not None:
+                _harmonic.apply_total(u[r], lam, K, rec, lo, hi, whole[r], acc[r])
+                continue
+            S0 = starts[r, j] if starts is not None else np.zeros((F, H))
+            _harmonic.forward(u[r], w[r], vv[r], lam, K, rec, same, lo, hi, gamma, window, S0,
+                              acc[r])
+            if mask == "full":  # gamma < 1: the later keys, decayed the other way
+                B0 = ends[r, j] * gamma if ends is not None else np.zeros((F, H))
+                _harmonic.backward(u[r], w[r], vv[r], lam, K, rec, lo, hi, gamma, B0, acc[r])
+
+    parallel_ranges(run, len(units), cost)
+
+
+def _totals(w: np.ndarray, vv: np.ndarray, K: int, rec: np.ndarray, units: list,
+            gamma: float, reverse: bool, cost: float) -> np.ndarray:
+    """(R, blocks, F, H): each block's moments, decayed to its last (first, reverse) key."""
+    R, n, F = vv.shape
+    blocks = len(units) // R
+    out = np.zeros((R, blocks, F, _harmonic.feature_count(w.shape[-1], K)))
+
+    def run(start: int, stop: int) -> None:
+        for r, lo, hi in units[start:stop]:
+            _harmonic.block_totals(w[r], vv[r], K, rec, lo, hi, gamma, reverse, out[r, lo // BLOCK])
+
+    parallel_ranges(run, len(units), cost / 2)
+    return out
+
+
+def _whole(w: np.ndarray, vv: np.ndarray, K: int, rec: np.ndarray, H: int) -> np.ndarray:
+    T = np.zeros((vv.shape[-1], H))
+    _harmonic.block_totals(w, vv, K, rec, 0, w.shape[0], 1.0, False, T)
+    return T
+
+
+def _counts(n: int, mask: MaskSpec, gamma: float) -> np.ndarray:
+    """(n,) each row's decayed number of keys: sum over the keys it sees of gamma^|i - j|."""
+    i = np.arange(n, dtype=float)
+    before = np.minimum(i + 1, mask[1]) if isinstance(mask, tuple) else i + 1  # j <= i
+    after = n - 1 - i if mask == "full" else np.zeros(n)  # j > i
+    if gamma == 1.0:
+        return before + after
+    return ((1 - gamma ** before) + gamma * (1 - gamma ** after)) / (1 - gamma)
+
+
+def _memory_sums(q: np.ndarray, memory: Memory, beta: float, s: float, f: int) -> np.ndarray:
+    """(R, n, F): sum over the memory keys of exp(beta <q_i, k_m> + log a_m - s) (v_m, 1)."""
+    scores = beta * (q @ np.asarray(memory.k, float).T) + np.asarray(memory.log_weights, float)
+    with np.errstate(over="ignore"):
+        wts = np.exp(scores - s)
+    mv = np.concatenate([np.asarray(memory.v, float), np.ones((memory.v.shape[0], 1))], axis=1)
+    return wts @ mv
+
+
+def _direct_rows(acc: np.ndarray, bad: np.ndarray, q: np.ndarray, k: np.ndarray,
+                 vv: np.ndarray, beta: float, mask: MaskSpec, gamma: float,
+                 memory: Memory | None, s: float) -> None:
+    """Replace the rows marked `bad` (R, n) of acc by their direct sums (module docstring)."""
+    n = q.shape[1]
+    slope = -math.log(gamma)
+    for r, i in zip(*np.nonzero(bad)):
+        lo = 0 if mask in ("full", "causal") else max(0, i - mask[1] + 1)
+        hi = n if mask == "full" else i + 1
+        j = np.arange(lo, hi)
+        scores = beta * (k[r, lo:hi] @ q[r, i]) - slope * np.abs(i - j) - s
+        row = np.exp(scores) @ vv[r, lo:hi]
+        if memory is not None:
+            row += _memory_sums(q[r, i][None, None], memory, beta, s, vv.shape[-1] - 1)[0, 0]
+        acc[r, i] = row
