@@ -90,7 +90,7 @@ def coefficients(B: float, d: int) -> np.ndarray:
     """c (K_max + 1,): the expansion coefficients of exp(B <u, w> - |B|) by order, as far as
     they are above 1e-300 of the first: circle c_k = ive(k, B) (each counted for k and -k);
     S^2 e^{-|B|} i_l(B) = sqrt(pi / (2 |B|)) ive(l + 1/2, |B|) (-1)^l for B < 0."""
-    if B == 0:
+    if abs(B) < 1e-200:  # exp(B <u, w>) = 1 to 1e-200 (and sqrt(pi / 2|B|) would overflow)
         return np.ones(1)
     a = abs(B)
     top = int(a + 40 * math.sqrt(a) + 60)
@@ -155,8 +155,8 @@ def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any
 
 def _common_norm(name: str, x: np.ndarray) -> float:
     """The norm every row of x shares (Q or K a multiple of an orthogonal matrix on tokens
-    of the sphere); refused when they differ beyond round-off."""
-    norms = np.sqrt(np.einsum("...i,...i->...", x, x, dtype=float))
+    of the sphere), read from its first row; refused when they differ beyond round-off."""
+    norms = np.sqrt(np.einsum("...i,...i->...", x, x, dtype=float)).reshape(-1)
     top, low = float(norms.max()), float(norms.min())
     slack = 64 * np.finfo(x.dtype if np.issubdtype(x.dtype, np.floating) else float).eps
     if top - low > slack * max(top, 1.0):
@@ -164,7 +164,7 @@ def _common_norm(name: str, x: np.ndarray) -> float:
         raise fail(name, f"rows of one common norm for the harmonic kernel ({which} a multiple "
                    "of an orthogonal matrix, tokens on the sphere)",
                    f"norms from {low:.6g} to {top:.6g}")
-    return top
+    return float(norms[0])  # the first token's: later tokens never change earlier rows
 
 
 # ---------------------------------------------------------------------- the kernel
@@ -210,11 +210,12 @@ def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpe
     d = q.shape[-1]
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, f = q.shape[-2], v.shape[-1]
-    u = _directions(np.broadcast_to(q, (*lead, n, d)), a)
-    w = u if (k is q and a == b) else _directions(np.broadcast_to(k, (*lead, n, d)), b)
+    qf = np.broadcast_to(q, (*lead, n, d)).astype(float).reshape(-1, n, d)
+    kf = qf if k is q else np.broadcast_to(k, (*lead, n, d)).astype(float).reshape(-1, n, d)
+    u = _directions(qf, a)
+    w = u if kf is qf else _directions(kf, b)
     vv = np.concatenate([np.broadcast_to(v, (*lead, n, f)).astype(float),
                          np.ones((*lead, n, 1))], axis=-1).reshape(-1, n, f + 1)
-    u, w = u.reshape(-1, n, d), w.reshape(-1, n, d)
     K = order(B, d, tol)
     degree = _harmonic.degrees(d, K)
     lam = coefficients(B, d)[degree] * (np.where(degree > 0, 2.0, 1.0) if d == 2 else 1.0)
@@ -223,26 +224,27 @@ def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpe
     _scan(u, w, vv, lam, K, u is w, mask, gamma, acc)
     s = abs(B)
     if memory is not None:
-        acc += _memory_sums(u * a, memory, float(beta), s, f)
+        acc += _memory_sums(qf, memory, float(beta), s, f)
     count = _counts(n, mask, gamma)
     T = float(tail(B, d)[K])
     Z = acc[..., f]
     bad = ~(count * T <= tol * Z)  # NaN-safe: a non-positive or NaN Z fails
     if np.any(bad):
-        _direct_rows(acc, bad, u * a, w * b, vv, float(beta), mask, gamma, memory, s)
+        _direct_rows(acc, bad, qf, kf, vv, float(beta), mask, gamma, memory, s)
     acc = acc.reshape(*lead, n, f + 1)
     return acc[..., :f], acc[..., f], s
 
 
 def _directions(x: np.ndarray, norm: float) -> np.ndarray:
-    """x / norm as float64 (any direction where norm = 0: then B = 0 and only the constant
+    """The rows of x as unit float64 vectors, each divided by its own norm (their common
+    norm `norm` is in B); any direction where norm = 0 (then B = 0 and only the constant
     harmonic is used)."""
     x = np.asarray(x, dtype=float)
     if norm == 0:
         out = np.zeros_like(x)
         out[..., 0] = 1.0
         return out
-    return x / norm
+    return x / np.sqrt(np.einsum("...i,...i->...", x, x))[..., None]
 
 
 def _scan(u: np.ndarray, w: np.ndarray, vv: np.ndarray, lam: np.ndarray, K: int, same: bool,
