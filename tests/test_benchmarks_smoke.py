@@ -54,3 +54,15 @@ def test_gpu_script_on_cpu():
     text = load("gpu").main(["--device", "cpu", "--quick"])
     assert "| W1 | RK4 2 steps, torch.float64 | B=64 |" in text
     assert "| W2 | SDPA causal, torch.float32 | n=1024, d=64 |" in text
+
+
+def test_harmonic_quick():
+    text = load("harmonic").main(["--quick", "--results", ""])
+    for row in ("| H1 | causal, d=2, beta=64, one evaluation | n=4000 |",
+                "| H2 | causal, d=2, beta=64, one evaluation | n=20000 |",
+                "| H3 | causal, d=3, beta=9, one evaluation | n=4000 |",
+                "| H4 | RK4 dt=0.05 to t=0.2, d=2, beta=64, causal | n=2000 |"):
+        assert row in text
+    assert "vector ISA " in text
+    with pytest.raises(SystemExit):
+        load("harmonic").main(["--only", "H9", "--results", ""])

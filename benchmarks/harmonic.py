@@ -1,0 +1,146 @@
+"""The harmonic kernels against the best kernel before them, in one run (issue 35's targets).
+
+Rows (each a ratio measured in this process; absolute seconds drift on a shared machine):
+* H1: one causal evaluation on the circle, n = 1e5, beta = 64: harmonic against the blocked
+  kernel (the fastest for one long run, benchmarks/RESULTS.md); target >= 50x.
+* H2: one causal evaluation on the circle at n = 1e6: target under 1 s on 2 cores.
+* H3: one causal evaluation on S^2, n = 1e5, beta = 9: harmonic against blocked; target >= 5x.
+* H4: RK4, dt = 0.05, to t = 10 at n = 1e6 on the circle (beta = 64, causal, backend
+  "harmonic"): target within 15 minutes, with the peak memory (RSS) of the process.
+Every harmonic row states its order K and its agreement with the baseline (or, without one,
+with direct long-double sums over sampled rows). `--quick` runs small sizes in seconds.
+
+    python benchmarks/harmonic.py [--quick] [--only H1,H2,H3,H4] [--results FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from machine import describe, loadavg  # noqa: E402
+
+import attnflow as af  # noqa: E402
+from attnflow.kernels import blocked, harmonic  # noqa: E402
+from attnflow.parallel import n_threads  # noqa: E402
+
+WORKLOADS = ("H1", "H2", "H3", "H4")
+
+
+def best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def exact_rows(x: np.ndarray, beta: float, rows: np.ndarray) -> np.ndarray:
+    """Causal softmax attention (V = I) of the given rows, summed directly in long double."""
+    out = []
+    for i in rows:
+        xl = x[: i + 1].astype(np.longdouble)
+        s = beta * (xl @ x[i].astype(np.longdouble))
+        w = np.exp(s - s.max())
+        out.append((w @ xl) / w.sum())
+    return np.asarray(out, dtype=float)
+
+
+def versus_blocked(label: str, n: int, d: int, beta: float, repeats: int, rows: list) -> None:
+    x = af.sphere.uniform(n, d, seed=0)
+    harmonic.attend(x[:2000], x[:2000], x[:2000], beta, "causal")  # compiled, cached
+    blocked.attend(x[:2000], x[:2000], x[:2000], beta, "causal")
+    ours = best_of(lambda: harmonic.attend(x, x, x, beta, "causal"), repeats)
+    theirs = best_of(lambda: blocked.attend(x, x, x, beta, "causal"), max(1, repeats // 2))
+    diff = np.abs(harmonic.attend(x, x, x, beta, "causal")
+                  - blocked.attend(x, x, x, beta, "causal")).max()
+    K = harmonic.order(beta, d, harmonic.DEFAULT_TOL)
+    rows.append((label, f"causal, d={d}, beta={beta:g}, one evaluation", f"n={n}",
+                 f"{ours:.3f} s", f"{theirs / ours:.1f}x over blocked ({theirs:.2f} s)",
+                 f"K={K}, max |harmonic - blocked| = {diff:.1e}"))
+
+
+def million(n: int, repeats: int, rows: list) -> None:
+    x = af.sphere.uniform(n, 2, seed=0)
+    harmonic.attend(x[:2000], x[:2000], x[:2000], 64.0, "causal")
+    t = best_of(lambda: harmonic.attend(x, x, x, 64.0, "causal"), repeats)
+    got = harmonic.attend(x, x, x, 64.0, "causal")
+    sample = np.array([n - 1, n // 2, n // 3])
+    err = np.abs(got[sample] - exact_rows(x, 64.0, sample)).max()
+    rows.append(("H2", "causal, d=2, beta=64, one evaluation", f"n={n}", f"{t:.3f} s",
+                 "target < 1 s", f"max error of 3 rows against long-double sums {err:.1e}"))
+
+
+def rk4(n: int, t_end: float, rows: list) -> None:
+    x0 = af.sphere.uniform(n, 2, seed=0)
+    model = af.Attention(beta=64.0, mask="causal", backend="harmonic")
+    start = time.perf_counter()
+    traj = af.simulate(model, x0, t_end, method="rk4", dt=0.05, save_at=[0.0, t_end])
+    took = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    norm = np.abs(np.linalg.norm(traj.states[-1], axis=-1) - 1).max()
+    rows.append(("H4", f"RK4 dt=0.05 to t={t_end:g}, d=2, beta=64, causal", f"n={n}",
+                 f"{took:.0f} s", "target < 900 s",
+                 f"{traj.n_evals} evaluations, peak RSS {rss:.0f} MB, max ||x| - 1| = "
+                 f"{norm:.1e}"))
+
+
+def markdown(rows: list, command: str, seconds: float) -> str:
+    lines = [f"## {datetime.datetime.now():%Y-%m-%d %H:%M}, `{command}`", "",
+             f"{describe()}.", "",
+             f"Machine: {platform.machine()}, {n_threads()} threads used, python "
+             f"{platform.python_version()}, numpy {np.__version__}; load average at the end "
+             f"{', '.join(f'{v:.1f}' for v in loadavg())}. Took {seconds:.0f} s.", "",
+             "| workload | what | size | time | ratio / target | notes |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(r)} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    parser.add_argument("--only", default=",".join(WORKLOADS),
+                        help=f"comma-separated workloads out of {','.join(WORKLOADS)}")
+    parser.add_argument("--results", default=str(HERE / "RESULTS.md"),
+                        help="append the table to this file ('' for none)")
+    args = parser.parse_args(argv)
+    only = [w.strip() for w in args.only.split(",") if w.strip()]
+    unknown = sorted(set(only) - set(WORKLOADS))
+    if unknown or not only:
+        parser.error(f"--only: expected workloads out of {','.join(WORKLOADS)}, "
+                     f"received {args.only!r}")
+    quick = args.quick
+    start = time.perf_counter()
+    rows: list = []
+    if "H1" in only:
+        versus_blocked("H1", 4000 if quick else 100_000, 2, 64.0, 1 if quick else 3, rows)
+    if "H2" in only:
+        million(20_000 if quick else 1_000_000, 1 if quick else 3, rows)
+    if "H3" in only:
+        versus_blocked("H3", 4000 if quick else 100_000, 3, 9.0, 1 if quick else 3, rows)
+    if "H4" in only:
+        rk4(2000 if quick else 1_000_000, 0.2 if quick else 10.0, rows)
+    command = "python benchmarks/harmonic.py" + (" " + " ".join(argv or sys.argv[1:])
+                                                 if (argv or sys.argv[1:]) else "")
+    text = markdown(rows, command.strip(), time.perf_counter() - start)
+    print(text)
+    if args.results:
+        with open(args.results, "a") as fh:
+            fh.write("\n" + text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
