@@ -351,3 +351,26 @@ def test_bad_densities_and_steps_are_refused():
         solve(model, from_function(bump(1.0), 16), 1.0, dt=0.5)
     with pytest.raises(ValueError, match="label cells"):
         from_tokens(circle(np.zeros(3)), 8, 0.1, labels=4)
+
+
+# ---------------------------------------------------------------- the picture
+def test_picture_shows_the_density_against_time_and_angle_with_particles():
+    pytest.importorskip("matplotlib")
+    from attnflow.plot import plot_meanfield
+
+    rho0 = from_function(bump(2.0, 1.0), 32)
+    model = af.Attention(beta=4.0, mask="full")
+    res = solve(model, rho0, 1.0, save_at=np.linspace(0, 1, 6))
+    traj = af.simulate(model, circle(quantiles(rho0[0], 50)), 1.0, save_at=np.linspace(0, 1, 6))
+    fig = plot_meanfield(res, particles=traj, points=128)
+    ax = fig.axes[0]
+    mesh, dots = ax.collections
+    shown = np.asarray(mesh.get_array()).reshape(128, 6)  # (theta, time)
+    theta = -np.pi + TWO_PI * np.arange(128) / 128
+    k = np.arange(33)
+    weights = np.where(k == 0, 1.0, 2.0)  # rho = c_0 + 2 Re sum_{k >= 1} c_k e^{i k theta}
+    direct = np.real(np.exp(1j * np.outer(theta, k)) @ (weights * res.coefficients[:, 0]).T)
+    assert np.abs(shown - direct).max() < 1e-12
+    assert len(dots.get_offsets()) == 6 * 50
+    with pytest.raises(ValueError, match="points"):
+        plot_meanfield(res, points=64)

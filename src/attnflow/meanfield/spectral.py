@@ -44,7 +44,7 @@ def grid_size(modes: int) -> int:
 def to_grid(c: np.ndarray, points: int) -> np.ndarray:
     """Values (..., points) of the real functions with coefficients c (..., K + 1) at theta_j
     = 2 pi j / points (points > 2 K)."""
-    return sfft.irfft(c * points, n=points, axis=-1)
+    return np.fft.irfft(c * points, n=points, axis=-1)
 
 
 class TransportField:
@@ -105,7 +105,7 @@ class TransportField:
     def __call__(self, c: np.ndarray) -> np.ndarray:
         """d c / dt (S, K + 1) of the transport term."""
         flux = to_grid(c, self.points) * self.velocity(c)
-        return -1j * self._k * (sfft.rfft(flux, axis=-1)[:, :self.modes + 1] / self.points)
+        return -1j * self._k * (np.fft.rfft(flux, axis=-1)[:, :self.modes + 1] / self.points)
 
     def speed_bound(self) -> float:
         """An upper bound of |v| over states of mass 1 per label: |V|_2 for softmax (|N| <=
