@@ -1,5 +1,5 @@
 """The mean-field equation on the circle: the n -> infinity limit of attnflow's particles
-(docs/science.md §11, guide: docs/guide/meanfield.md).
+(docs/science.md §9, guide: docs/guide/meanfield.md).
 
 The state is the density of tokens on the circle (for the causal mask, one density per
 label cell of token positions s in (0, 1]), evolved by the continuity equation

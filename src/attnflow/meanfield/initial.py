@@ -1,5 +1,5 @@
 """Initial densities: Fourier coefficients (S, K + 1) from a function, from coefficients or
-from tokens (docs/science.md §11).
+from tokens (docs/science.md §9).
 
 Coefficients c[s, k] (complex) mean rho_s(theta) = sum_{|k| <= K} c[s, k] e^{i k theta},
 c[s, -k] = conj(c[s, k]), each label's density of mass 1 (c[s, 0] = 1 / (2 pi)). S = 1 is the

@@ -1,4 +1,4 @@
-"""The model of a mean-field run, read from attnflow's own parts (docs/science.md §11).
+"""The model of a mean-field run, read from attnflow's own parts (docs/science.md §9).
 
 `MeanFieldModel.of(model)` takes an `attnflow.Attention` block (or the keyword arguments of
 one) and keeps what the density equation needs: the weighting ("softmax" or "unnormalised"),

@@ -2,7 +2,7 @@
 
     d_t rho + d_theta(rho v[rho]) = (sigma^2 / 2) d_theta^2 rho
 
-(`attnflow.meanfield.spectral` for v and the labels of the causal mask; docs/science.md §11).
+(`attnflow.meanfield.spectral` for v and the labels of the causal mask; docs/science.md §9).
 Time stepping on the coefficients, a Euclidean state:
 
 * without noise, `attnflow.integrate.rk4_step` (classical RK4) on the coefficients;
