@@ -107,6 +107,23 @@ def test_clustering_run_stops_where_resolution_is_lost_and_returns_resolved_stat
     assert diff.max() * TWO_PI < 1e-8
 
 
+def test_refinement_doubles_the_modes_where_resolution_would_be_lost():
+    model = af.Attention(beta=9.0, mask="full")
+    direct = solve(model, from_function(bump(2.0), 128), 30.0)
+    refined = solve(model, from_function(bump(2.0), 32), 30.0, refine_to=128)
+    assert [K for _, K in refined.settings["refinements"]] == [64, 128]
+    assert refined.settings["modes"] == 128 and refined.coefficients.shape[-1] == 129
+    # 32 modes resolve the bump until t ~ 2, 64 until t ~ 3.2 (the test above)
+    assert 1.0 < refined.settings["refinements"][0][0] < refined.settings["refinements"][1][0]
+    # the refined run is the 128-mode run: same loss of resolution, same states
+    assert abs(refined.resolution_lost_at - direct.resolution_lost_at) <= direct.settings["dt"]
+    last = min(refined.times[-1], direct.times[-1])
+    i, j = (int(np.flatnonzero(r.times == last)[0]) for r in (refined, direct))
+    assert np.abs(refined.coefficients[i] - direct.coefficients[j]).max() * TWO_PI < 1e-8
+    with pytest.raises(ValueError, match="refine_to"):
+        solve(model, from_function(bump(2.0), 32), 1.0, refine_to=16)
+
+
 # ---------------------------------------------------------------- 3. noisy Kuramoto
 def test_noisy_beta_zero_state_solves_the_kuramoto_self_consistency():
     # beta = 0: every weight 1/n, the velocity is r sin(psi - theta) (r e^{i psi} the mean

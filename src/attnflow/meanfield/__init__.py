@@ -6,6 +6,7 @@ label cell of token positions s in (0, 1]), evolved by the continuity equation
 d_t rho + d_theta(rho v[rho]) = (sigma^2 / 2) d_theta^2 rho, pseudo-spectrally in theta.
 
     >>> import attnflow as af
+    >>> import numpy as np
     >>> rho0 = af.meanfield.from_function(lambda t: np.exp(2 * np.cos(t)), modes=64)
     >>> res = af.meanfield.solve(af.Attention(beta=9, mask="full"), rho0, t_end=10)
 

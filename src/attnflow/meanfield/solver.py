@@ -23,7 +23,8 @@ modes above 2 K / 3 below `tol` (relative l2, `attnflow.meanfield.initial.tail`)
 below -tol / (2 pi) at the collocation points. When clusters concentrate the density past
 what K modes resolve, the first failing step's time is recorded as `resolution_lost_at`, the
 run stops, and the result ends with the last resolved step: it never returns an unresolved
-density.
+density. With `refine_to`, the solver first doubles K (and halves the step) from the last
+resolved state, as often as refine_to allows.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import math
 import os
 import time
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -56,8 +56,8 @@ MAX_COURANT = 2.0  # refused above (RK4 is stable up to 2 sqrt 2 on imaginary ei
 
 def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
           save_at: Any = None, noise: float | None = None, dt: float | None = None,
-          tol: float = DEFAULT_TAIL, path: str | os.PathLike | None = None
-          ) -> MeanFieldResult:
+          tol: float = DEFAULT_TAIL, refine_to: int | None = None,
+          path: str | os.PathLike | None = None) -> MeanFieldResult:
     """Solve the mean-field equation of `model` from the density rho0 up to t_end.
 
     Parameters
@@ -77,12 +77,17 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
         the Fokker-Planck term (sigma^2 / 2) d_theta^2 rho. None: no noise.
     dt : the largest step (default: module docstring).
     tol : the resolution bound (module docstring).
+    refine_to : None (default: stop where resolution is lost), or the most modes to refine
+        to: an unresolved step is then retried from the last resolved state with twice the
+        modes (zero-padded) and half the step, as long as 2 K <= refine_to.
     path : if given, the result is also saved there (``.nc`` or ``.zarr``), atomically:
         an interrupted run leaves no file.
 
     Returns a `MeanFieldResult` (its `resolution_lost_at` says whether and when the run
-    stopped for lack of resolution). Raises ValueError for unsupported settings (naming what
-    is supported) and `NonFiniteStateError` if a state becomes non-finite.
+    stopped for lack of resolution; settings["refinements"] lists [time, new K] of each
+    refinement, and every saved state is padded to the final K). Raises ValueError for
+    unsupported settings (naming what is supported) and `NonFiniteStateError` if a state
+    becomes non-finite.
     """
     mf = MeanFieldModel.of(model)
     c = check_coefficients(rho0, "rho0", number("tol", tol, 0.0, low_open=True))
@@ -90,69 +95,100 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     if not mf.causal and S != 1:
         raise fail("rho0", "one density (K + 1,) or (1, K + 1) for the full mask (label cells "
                    "are for mask 'causal')", f"{S} label densities")
+    if refine_to is not None and (isinstance(refine_to, bool) or not isinstance(
+            refine_to, (int, np.integer)) or refine_to < K):
+        raise fail("refine_to", f"None or an integer number of modes >= K = {K}",
+                   repr(refine_to))
     t_end, times, dt, _, _ = check_solver_args("rk4", t_end, save_at, dt, None, None)
     sigma = 0.0 if noise is None else number("noise", noise, 0.0, expected="sigma >= 0")
-    field = TransportField(mf, S, K)
-    speed = field.speed_bound()
-    bound = MAX_COURANT / (K * speed) if speed > 0 else math.inf
-    if dt is None:
-        dt = min(DEFAULT_DT, COURANT / (K * speed) if speed > 0 else DEFAULT_DT)
-    elif dt > bound:
-        raise fail("dt", f"a step <= {bound:.3g} (Courant number K |v|max dt <= "
-                   f"{MAX_COURANT:g} for K = {K} modes, |v|max = {speed:.3g})", repr(dt))
     if path is not None:
         check_path(path)
     start = time.perf_counter()
-    k2 = np.arange(K + 1) ** 2 * (sigma * sigma / 2)
+    march = _March(mf, S, K, sigma, dt)
     grid_times = np.concatenate([[0.0], times]) if times[0] > 0 else times
     saved_times, saved = [0.0], [c]
+    refinements: list[list[float]] = []
     lost = None
-    n_steps = 0
     t = 0.0
-    for t0, t1 in zip(grid_times[:-1], grid_times[1:]):
-        span = t1 - t0
-        m = max(1, math.ceil(span / dt * (1 - 1e-12))) if span > 0 else 0
-        h = float(span / m) if m else 0.0
-        for i in range(m):
-            new = rk4_step(field, c, h, EUCLIDEAN) if sigma == 0 else _lawson_rk4(
-                field, c, h, *_factors(k2.tobytes(), h))
-            n_steps += 1
-            step_time = t0 + (i + 1) * h
-            if not np.all(np.isfinite(new)):
-                raise NonFiniteStateError(f"mean-field state non-finite at t = {step_time:g}")
-            if not _resolved(new, tol, field.points):
-                lost = step_time
-                break
-            c, t = new, step_time
+    n_steps = 0
+    for t1 in grid_times[1:]:
+        while t < t1 and lost is None:
+            m = max(1, math.ceil((t1 - t) / march.dt * (1 - 1e-12)))
+            h, t0 = float((t1 - t) / m), t
+            for i in range(m):
+                new = march.step(c, h)
+                n_steps += 1
+                if not np.all(np.isfinite(new)):
+                    raise NonFiniteStateError(
+                        f"mean-field state non-finite at t = {t0 + (i + 1) * h:g}")
+                if march.resolved(new, tol):
+                    c, t = new, (t0 + (i + 1) * h if i < m - 1 else float(t1))
+                elif refine_to is not None and 2 * march.modes <= refine_to:
+                    march = _March(mf, S, 2 * march.modes, sigma, march.dt / 2)
+                    c = _padded(c, march.modes)
+                    refinements.append([t, march.modes])
+                    break
+                else:
+                    lost = t0 + (i + 1) * h
+                    break
         if lost is not None:
             if t > saved_times[-1]:
                 saved_times.append(t)
                 saved.append(c)
             break
-        saved_times.append(t1)
+        saved_times.append(float(t1))
         saved.append(c)
     result = MeanFieldResult(
-        times=np.array(saved_times), coefficients=np.stack(saved), model=mf.block,
-        settings={"modes": K, "labels": S if mf.causal else None, "noise": sigma, "dt": dt,
-                  "steps": n_steps, "tol": tol, "points": field.points,
-                  "method": "rk4" if sigma == 0 else "lawson-rk4"},
+        times=np.array(saved_times),
+        coefficients=np.stack([_padded(x, march.modes) for x in saved]), model=mf.block,
+        settings={"modes": march.modes, "labels": S if mf.causal else None, "noise": sigma,
+                  "dt": march.dt, "steps": n_steps, "tol": tol, "points": march.field.points,
+                  "method": "rk4" if sigma == 0 else "lawson-rk4",
+                  "refinements": refinements},
         resolution_lost_at=lost, wall_time=time.perf_counter() - start)
     if path is not None:
         result.save(path)
     return result
 
 
-def _resolved(c: np.ndarray, tol: float, points: int) -> bool:
-    """True when every label's density is resolved (module docstring)."""
-    return bool(tail(c).max() <= tol and to_grid(c, points).min() * 2 * np.pi >= -tol)
+class _March:
+    """What depends on the number of modes K: the transport field, the step (checked against
+    the Courant bound) and the noise factors."""
+
+    def __init__(self, mf: MeanFieldModel, labels: int, modes: int, sigma: float,
+                 dt: float | None) -> None:
+        self.modes = modes
+        self.field = TransportField(mf, labels, modes)
+        speed = self.field.speed_bound()
+        if dt is None:
+            dt = min(DEFAULT_DT, COURANT / (modes * speed)) if speed > 0 else DEFAULT_DT
+        elif speed > 0 and dt > MAX_COURANT / (modes * speed):
+            raise fail("dt", f"a step <= {MAX_COURANT / (modes * speed):.3g} (Courant number "
+                       f"K |v|max dt <= {MAX_COURANT:g} for K = {modes} modes, |v|max = "
+                       f"{speed:.3g})", repr(dt))
+        self.dt = dt
+        self.sigma = sigma
+        self._rates = np.arange(modes + 1) ** 2 * (sigma * sigma / 2)
+        self._factors: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+
+    def step(self, c: np.ndarray, h: float) -> np.ndarray:
+        """One step of size h: RK4 without noise, integrating-factor RK4 with it."""
+        if self.sigma == 0:
+            return rk4_step(self.field, c, h, EUCLIDEAN)
+        if h not in self._factors:
+            half = np.exp(-self._rates * h / 2)  # e^{-sigma^2 k^2 h / 4}
+            self._factors[h] = (half * half, half)
+        return _lawson_rk4(self.field, c, h, *self._factors[h])
+
+    def resolved(self, c: np.ndarray, tol: float) -> bool:
+        """True when every label's density is resolved (module docstring)."""
+        return bool(tail(c).max() <= tol
+                    and to_grid(c, self.field.points).min() * 2 * np.pi >= -tol)
 
 
-@cache
-def _factors(k2: bytes, h: float) -> tuple[np.ndarray, np.ndarray]:
-    """e^{-sigma^2 k^2 h / 2} and its square root, for the steps of size h."""
-    rates = np.frombuffer(k2)
-    half = np.exp(-rates * h / 2)
-    return half * half, half
+def _padded(c: np.ndarray, modes: int) -> np.ndarray:
+    """Coefficients (S, K + 1) with zeros up to mode `modes`."""
+    return np.pad(c, ((0, 0), (0, modes + 1 - c.shape[1])))
 
 
 def _lawson_rk4(field: TransportField, u: np.ndarray, h: float, full: np.ndarray,
