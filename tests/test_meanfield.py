@@ -1,8 +1,9 @@
 """The mean-field solver against independent truth (docs/science.md §9): the growth rates of
 the uniform state's modes (Bessel functions), exact mass conservation, the resolution
 monitor, the noisy Kuramoto state's self-consistency root (scipy.optimize.brentq), the causal
-linearisation's closed form (the Hardy operator's exponential by quadrature), the velocity
-of general Q, K, V by direct quadrature of its defining integral, and attnflow's particles."""
+linearisation's closed form (the Hardy operator's exponential by quadrature), and attnflow's
+own particles: their field (general Q, K, V, both weightings, causal labels) and their
+moments in time."""
 
 from __future__ import annotations
 
