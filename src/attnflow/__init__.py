@@ -33,8 +33,8 @@ _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},
     "sweep": "attnflow.sweeps",
 }
-_SUBMODULES = ("analysis", "family", "kernels", "manifolds", "plot", "pretrained", "sphere",
-               "sweeps")
+_SUBMODULES = ("analysis", "family", "kernels", "manifolds", "meanfield", "plot", "pretrained",
+               "sphere", "sweeps")
 
 # The core is imported eagerly (numpy only). `simulate` must be: the submodule of the same name
 # would otherwise shadow the function once anything imports it.
@@ -81,6 +81,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         family,
         kernels,
         manifolds,
+        meanfield,
         plot,
         pretrained,
         sphere,

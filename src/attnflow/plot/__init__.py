@@ -23,7 +23,8 @@ of a chosen ``layer``; the default radii (delta, tol) take beta from the layer a
 first time shown; eigenvectors of V come from one chosen layer (`frame`, default the first).
 
 The pictures live in one module each: `projection` (`frame`, `Frame`), `circle`, `sphere`,
-`series` (counts and angles against time), `attention` and `movies` (`animate`).
+`series` (counts and angles against time), `attention`, `movies` (`animate`) and
+`meanfield` (a mean-field density against time and angle, particles over it).
 """
 
 # The style's constants stay reachable as attnflow.plot.STYLE etc., as before the split.
@@ -34,6 +35,7 @@ from attnflow.plot._style import STYLE as STYLE
 from attnflow.plot._style import TOKEN_CMAP as TOKEN_CMAP
 from attnflow.plot.attention import plot_attention
 from attnflow.plot.circle import plot_circle
+from attnflow.plot.meanfield import plot_meanfield
 from attnflow.plot.movies import animate
 from attnflow.plot.projection import Frame, frame
 from attnflow.plot.series import plot_angles, plot_timeseries
@@ -46,6 +48,7 @@ __all__ = [
     "plot_angles",
     "plot_attention",
     "plot_circle",
+    "plot_meanfield",
     "plot_sphere",
     "plot_timeseries",
 ]

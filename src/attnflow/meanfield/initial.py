@@ -1,0 +1,126 @@
+"""Initial densities: Fourier coefficients (S, K + 1) from a function, from coefficients or
+from tokens (docs/science.md §9).
+
+Coefficients c[s, k] (complex) mean rho_s(theta) = sum_{|k| <= K} c[s, k] e^{i k theta},
+c[s, -k] = conj(c[s, k]), each label's density of mass 1 (c[s, 0] = 1 / (2 pi)). S = 1 is the
+full mask's one density; S > 1 label cells ((j - 1) / S, j / S], j = 1..S, for the causal mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.fft as sfft
+
+from attnflow._checks import describe, fail, finite_array, positive
+
+__all__ = ["DEFAULT_TAIL", "check_coefficients", "from_coefficients", "from_function",
+           "from_tokens", "tail"]
+
+DEFAULT_TAIL = 1e-8  # the resolution bound on the top third of the modes (`tail`)
+
+
+def tail(c: np.ndarray) -> np.ndarray:
+    """The resolution measure of each label (S,): the l2 norm of the modes k > 2 K / 3,
+    relative to c[s, 0] = 1 / (2 pi). Small (e.g. < 1e-8) for a resolved smooth density;
+    it grows fast once structures narrower than about 2 pi / K form."""
+    K = c.shape[-1] - 1
+    return np.sqrt(np.sum(np.abs(c[..., 2 * K // 3 + 1:]) ** 2, axis=-1)) * 2 * np.pi
+
+
+def check_coefficients(c: Any, name: str = "rho0", tol: float = DEFAULT_TAIL) -> np.ndarray:
+    """Validate coefficients (K + 1,) or (S, K + 1): finite, K >= 3, real mode 0 equal to
+    1 / (2 pi) (mass 1 per label, to 1e-12 relative) and resolved (`tail` <= tol); returns
+    them as a complex (S, K + 1) array."""
+    arr = np.asarray(c)
+    if arr.ndim not in (1, 2) or arr.shape[-1] < 4 or not (
+            np.issubdtype(arr.dtype, np.number) and np.all(np.isfinite(arr))):
+        raise fail(name, "finite Fourier coefficients of shape (K + 1,) or (S, K + 1), K >= 3",
+                   describe(arr))
+    arr = np.atleast_2d(arr).astype(complex)
+    mass = 2 * np.pi * arr[:, 0]
+    if not np.allclose(mass, 1.0, rtol=0, atol=1e-12):
+        raise fail(name, "densities of mass 1 (mode 0 = 1 / (2 pi) for every label)",
+                   f"masses {np.round(mass, 15)[:5].tolist()}")
+    arr[:, 0] = 1 / (2 * np.pi)
+    worst = float(tail(arr).max())
+    if worst > tol:
+        raise fail(name, f"a density resolved by its {arr.shape[1] - 1} modes (the modes above "
+                   f"2 K / 3 below {tol:g} relative; more modes or a smoother start)",
+                   f"a tail of {worst:.3g}")
+    return arr
+
+
+def from_coefficients(c: Any) -> np.ndarray:
+    """Coefficients (K + 1,) or (S, K + 1) checked by `check_coefficients`; (S, K + 1)."""
+    return check_coefficients(c, "c")
+
+
+def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
+                  tol: float = DEFAULT_TAIL) -> np.ndarray:
+    """The coefficients (S, K + 1) of rho(theta) = f(theta) (labels None: S = 1) or of
+    f(s, theta) at the label cells' midpoints s = (j - 1/2) / S (arrays broadcast: s of shape
+    (S, 1), theta of shape (P,)). f >= 0, not necessarily normalised: each label's density is
+    scaled to mass 1. f is sampled at P = max(8 K, 256) points; the modes above K must be
+    negligible (below `tol` relative), or the start is refused as unresolved."""
+    K = _modes(modes)
+    P = max(8 * K, 256)
+    theta = 2 * np.pi * np.arange(P) / P
+    S = 1 if labels is None else _labels(labels)
+    values = finite_array("f", f(theta) if labels is None else f(
+        ((np.arange(S) + 0.5) / S)[:, None], theta), dtype=float)
+    try:
+        values = np.broadcast_to(values, (S, P))
+    except ValueError:
+        raise fail("f", f"values of shape ({P},) or ({S}, {P}) at the sample points",
+                   describe(values)) from None
+    if values.min() < 0 or np.any(values.sum(axis=-1) <= 0):
+        raise fail("f", "a density: values >= 0 with positive mass", f"minimum {values.min()}")
+    coeffs = sfft.rfft(values, axis=-1) / P
+    coeffs /= 2 * np.pi * coeffs[:, :1].real
+    beyond = float(np.max(np.sqrt(np.sum(np.abs(coeffs[:, K + 1:]) ** 2, axis=-1))) * 2 * np.pi)
+    if beyond > tol:
+        raise fail("modes", f"enough modes to resolve f (its modes above K = {K} below "
+                   f"{tol:g} relative)", f"{K}, which leaves {beyond:.3g}")
+    return check_coefficients(coeffs[:, :K + 1], "f", tol)
+
+
+def from_tokens(x: Any, modes: int, width: float, labels: int | None = None,
+                tol: float = DEFAULT_TAIL) -> np.ndarray:
+    """The empirical measure of tokens x (n, 2) on the circle, smoothed by the wrapped normal
+    kernel of standard deviation `width` (radians; mode k scaled by e^{-k^2 width^2 / 2},
+    i.e. the heat kernel), as coefficients (S, K + 1). With `labels` S, token i (0-based)
+    carries the label (i + 1) / n and each label cell ((j - 1) / S, j / S] averages its
+    tokens (every cell needs one). The smoothed density must be resolved by K modes."""
+    K = _modes(modes)
+    x = finite_array("x", x, ndim=2, dtype=float)
+    if x.shape[1] != 2 or len(x) == 0:
+        raise fail("x", "tokens of shape (n, 2) on the circle (d = 2), n >= 1", describe(x))
+    w = positive("width", width)
+    theta = np.arctan2(x[:, 1], x[:, 0])
+    waves = np.exp(-1j * np.outer(theta, np.arange(K + 1)))  # (n, K + 1)
+    n = len(x)
+    S = 1 if labels is None else _labels(labels)
+    cell = np.ceil(np.arange(1, n + 1) * S / n).astype(int) - 1  # label (i + 1) / n
+    counts = np.bincount(cell, minlength=S)
+    if np.any(counts == 0):
+        raise fail("labels", f"at most n = {n} label cells (each needs a token)", repr(labels))
+    sums = np.zeros((S, K + 1), dtype=complex)
+    np.add.at(sums, cell, waves)
+    c = sums / counts[:, None] / (2 * np.pi) * np.exp(-0.5 * (np.arange(K + 1) * w) ** 2)
+    return check_coefficients(c, "x", tol)
+
+
+def _modes(modes: Any) -> int:
+    if isinstance(modes, bool) or not isinstance(modes, (int, np.integer)) or modes < 3:
+        raise fail("modes", "an integer K >= 3", repr(modes))
+    return int(modes)
+
+
+def _labels(labels: Any) -> int:
+    if isinstance(labels, bool) or not isinstance(labels, (int, np.integer)) or labels < 1:
+        raise fail("labels", "an integer S >= 1 (the number of label cells) or None",
+                   repr(labels))
+    return int(labels)

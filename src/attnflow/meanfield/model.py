@@ -1,0 +1,94 @@
+"""The model of a mean-field run, read from attnflow's own parts (docs/science.md §9).
+
+`MeanFieldModel.of(model)` takes an `attnflow.Attention` block (or the keyword arguments of
+one) and keeps what the density equation needs: the weighting ("softmax" or "unnormalised"),
+the mask ("full" or "causal"), beta, and the head's (Q, K, V) reduced to
+
+* the score of angles (theta, phi): beta <Q x, K y> = b cos(theta - alpha - phi) when Q^T K is
+  c times a rotation by alpha (b = beta c), or b cos(theta - alpha + phi) when it is c times a
+  reflection (``reflect``), with x = (cos theta, sin theta), y = (cos phi, sin phi);
+* V, any real (2, 2) matrix.
+
+Everything else of the family (d != 2, several heads, memory, positional encodings, QK-norm,
+projection biases, an MLP, schemes other than post-LN, window or array masks, Sinkhorn
+weights, a Stack) is refused with a ValueError naming what is supported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnflow._checks import fail
+from attnflow.family import Attention, Block
+
+__all__ = ["MeanFieldModel"]
+
+SUPPORTED = ("an attnflow.Attention block (or its keyword arguments) with d = 2, one (Q, K, V) "
+             "head whose Q^T K is a multiple of an orthogonal matrix, any V, mask 'full' or "
+             "'causal', attention 'softmax' or 'unnormalised', norm 'post', no memory, "
+             "positional encodings, QK-norm, projection biases or MLP")
+
+
+@dataclass(frozen=True)
+class MeanFieldModel:
+    """The mean-field equation's parameters (module docstring).
+
+    block : the attnflow block they were read from (kept for the result's record).
+    weighting : "softmax" or "unnormalised".
+    causal : True for the causal mask (labels s attend to s' <= s), False for "full".
+    b : beta c >= 0, the effective inverse temperature of the kernel e^{b cos(.)}.
+    alpha : the rotation angle of Q^T K (radians); with `reflect`, the reflection's angle.
+    reflect : Q^T K is c times a reflection (det < 0): the score depends on theta + phi.
+    V : (2, 2) value matrix.
+    """
+
+    block: Block
+    weighting: str
+    causal: bool
+    b: float
+    alpha: float
+    reflect: bool
+    V: np.ndarray
+
+    @classmethod
+    def of(cls, model: Block | Mapping[str, Any]) -> MeanFieldModel:
+        """Read a block (or build `attnflow.Attention(**options)` from a mapping)."""
+        if isinstance(model, Mapping):
+            model = Attention(**model)
+        if not isinstance(model, Block):
+            raise fail("model", SUPPORTED, type(model).__name__)
+        att = model.attention
+        _require(model.d in (None, 2), "d", model.d)
+        _require(model.mlp is None, "mlp", model.mlp)
+        _require(model.norm == "post", "norm", model.norm)
+        _require(len(att.heads) == 1 and len(att.heads[0]) == 3, "heads",
+                 f"{len(att.heads)} head(s) of {len(att.heads[0])} matrices")
+        _require(att.memory is None, "memory", "memory tokens")
+        _require(not att.encodings, "encodings", [e.kind for e in att.encodings])
+        _require(att.qk_norm is None, "qk_norm", att.qk_norm)
+        _require(att.biases is None, "biases", att.biases)
+        _require(isinstance(att.mask, str) and att.mask in ("full", "causal"), "mask",
+                 att.mask if isinstance(att.mask, (str, tuple)) else "a boolean array")
+        _require(att.weighting.method in ("softmax", "unnormalised"), "attention",
+                 att.weighting.method)
+        Q, K, V = att.heads[0]
+        B = (np.eye(2) if Q is None else Q).T @ (np.eye(2) if K is None else K)
+        c = float(np.sqrt(abs(np.linalg.det(B))))
+        if not np.allclose(B.T @ B, c * c * np.eye(2), rtol=0, atol=1e-12 * max(1.0, c * c)):
+            raise fail("Q, K", "Q^T K a multiple of an orthogonal (2, 2) matrix (" + SUPPORTED
+                       + ")", f"Q^T K = {B.tolist()}")
+        reflect = bool(np.linalg.det(B) < 0)
+        # Rotation by alpha: B = c [[cos a, -sin a], [sin a, cos a]]; reflection at angle
+        # alpha: B = c [[cos a, sin a], [sin a, -cos a]]. Both have first column c (cos, sin).
+        alpha = float(np.arctan2(B[1, 0], B[0, 0])) if c > 0 else 0.0
+        return cls(model, att.weighting.method, att.mask == "causal", float(att.beta) * c,
+                   alpha, reflect, np.eye(2) if V is None else np.asarray(V, dtype=float))
+
+
+def _require(ok: bool, name: str, received: Any) -> None:
+    if not ok:
+        raise fail(name, SUPPORTED, received)

@@ -1,0 +1,162 @@
+"""The result of a mean-field run: Fourier coefficients of the densities at the save times,
+with the record of how they were made; to xarray, saved and loaded like a `Trajectory`
+(``.nc`` via h5netcdf or ``.zarr``, atomically).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attnflow._checks import fail
+from attnflow._files import atomic_path, consolidating
+from attnflow._version import __version__, git_commit
+from attnflow.family import Block, model_from_record
+from attnflow.meanfield.spectral import to_grid
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+__all__ = ["MeanFieldResult", "check_path", "load"]
+
+FORMATS = {".nc": "netcdf", ".zarr": "zarr"}
+KIND = "attnflow.meanfield"
+
+
+@dataclass
+class MeanFieldResult:
+    """Densities of a mean-field run at its save times.
+
+    Attributes
+    ----------
+    times : (T,) save times (one unit = one layer, as for particles).
+    coefficients : (T, S, K + 1) complex Fourier coefficients of the label densities,
+        rho_s(theta) = sum_{|k| <= K} c[s, k] e^{i k theta} (per unit angle, mass 1 each).
+    model : the attnflow block whose mean field this is.
+    settings : the solver's record: modes K, labels S (None: full mask), noise sigma, dt,
+        steps, the tail bound `tol`, the collocation points.
+    resolution_lost_at : None, or the time of the first step whose density was no longer
+        resolved (tail above `tol` or a negative value): the run stopped there and the
+        last saved state is the last resolved step (at `times[-1]`).
+    wall_time : seconds spent solving.
+    version, commit : attnflow's version and git commit.
+    """
+
+    times: np.ndarray
+    coefficients: np.ndarray
+    model: Block
+    settings: dict[str, Any]
+    resolution_lost_at: float | None = None
+    wall_time: float = 0.0
+    version: str = __version__
+    commit: str | None = field(default_factory=git_commit)
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """The label cells' midpoints (S,) (causal mask), None for the full mask."""
+        S = self.settings["labels"]
+        return None if S is None else (np.arange(S) + 0.5) / S
+
+    def moments(self, k: int) -> np.ndarray:
+        """The Fourier moments int e^{i k theta} rho(theta) dtheta (T, S) = 2 pi conj(c_k):
+        the n -> infinity limit of the particles' (1/n) sum_j e^{i k theta_j}."""
+        return 2 * np.pi * np.conj(self.coefficients[..., k])
+
+    def density(self, points: int = 256) -> np.ndarray:
+        """The densities (T, S, points) at theta_j = 2 pi j / points (points > 2 K)."""
+        return to_grid(self.coefficients, points)
+
+    def record(self) -> dict[str, Any]:
+        """Everything but the arrays, as JSON-friendly data."""
+        meta, _ = self.model.to_record()
+        return {"kind": KIND, "model": meta, "settings": self.settings,
+                "resolution_lost_at": self.resolution_lost_at, "wall_time": self.wall_time,
+                "version": self.version, "commit": self.commit}
+
+    def to_xarray(self) -> xr.Dataset:
+        """A Dataset: `real` and `imag` parts of the coefficients on dims (time, label, mode),
+        the model's matrices as variables, the record as the JSON attribute
+        ``attnflow_meanfield``."""
+        import xarray as xr
+
+        c = self.coefficients
+        dims = ("time", "label", "mode")
+        data = {"real": (dims, c.real), "imag": (dims, c.imag)}
+        _, arrays = self.model.to_record()
+        for name, arr in arrays.items():
+            data[name] = (tuple(f"{name}_dim{i}" for i in range(arr.ndim)), arr)
+        labels = self.labels
+        return xr.Dataset(
+            data,
+            coords={"time": self.times, "mode": np.arange(c.shape[-1]),
+                    "label": labels if labels is not None else np.ones(1)},
+            attrs={"attnflow_meanfield": json.dumps(self.record())},
+        )
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write to ``.nc`` (netCDF4 via h5netcdf) or ``.zarr`` atomically (a temporary name
+        beside the target, renamed into place when complete)."""
+        path = Path(path)
+        kind = _kind(path)
+        ds = self.to_xarray()
+        with atomic_path(path) as tmp:
+            if kind == "netcdf":
+                ds.to_netcdf(tmp, engine="h5netcdf")
+            else:
+                with consolidating():
+                    ds.to_zarr(tmp, mode="w", consolidated=True)
+        return path
+
+
+def load(path: str | os.PathLike) -> MeanFieldResult:
+    """Read a result written by `MeanFieldResult.save`; ValueError naming the file for
+    anything else, FileNotFoundError for a missing path."""
+    path = Path(path)
+    kind = _kind(path)
+    if not path.exists():
+        raise FileNotFoundError(f"path: no mean-field result at {path}")
+    import xarray as xr
+
+    expected = f"a mean-field result written by attnflow (MeanFieldResult.save) as {kind}"
+    try:
+        if kind == "netcdf":
+            with xr.open_dataset(path, engine="h5netcdf") as ds:
+                ds = ds.load()
+        else:
+            with xr.open_zarr(path, consolidated=False) as ds:
+                ds = ds.load()
+    except Exception as err:  # any reader failure: not a readable file of this kind
+        raise fail("path", expected, f"{path}, which cannot be read ({type(err).__name__})"
+                   ) from None
+    if "attnflow_meanfield" not in ds.attrs:
+        raise fail("path", expected, f"{path}, a dataset without the 'attnflow_meanfield' "
+                   "record")
+    rec = json.loads(ds.attrs["attnflow_meanfield"])
+    arrays = {name: ds[name].values for name in ds.data_vars if name not in ("real", "imag")}
+    return MeanFieldResult(
+        times=ds["time"].values,
+        coefficients=ds["real"].values + 1j * ds["imag"].values,
+        model=model_from_record(rec["model"], arrays),
+        settings=rec["settings"],
+        resolution_lost_at=rec["resolution_lost_at"],
+        wall_time=rec["wall_time"],
+        version=rec["version"],
+        commit=rec["commit"],
+    )
+
+
+def check_path(path: str | os.PathLike) -> str:
+    """The format ("netcdf" or "zarr") of a result's file name; ValueError otherwise."""
+    return _kind(Path(path))
+
+
+def _kind(path: Path) -> str:
+    kind = FORMATS.get(path.suffix)
+    if kind is None:
+        raise fail("path", f"a file name ending in one of {sorted(FORMATS)}", str(path))
+    return kind

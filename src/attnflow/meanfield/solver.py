@@ -1,0 +1,202 @@
+"""`solve`: the mean-field equation of an attnflow model on the circle, from a density.
+
+    d_t rho + d_theta(rho v[rho]) = (sigma^2 / 2) d_theta^2 rho
+
+(`attnflow.meanfield.spectral` for v and the labels of the causal mask; docs/science.md §9).
+Time stepping on the coefficients, a Euclidean state:
+
+* without noise, `attnflow.integrate.rk4_step` (classical RK4) on the coefficients;
+* with noise, the integrating-factor (Lawson) RK4 below: the Fokker-Planck term damps mode k
+  at the rate sigma^2 k^2 / 2, which for K modes would cap an explicit method's step at about
+  2.8 / (sigma^2 K^2 / 2); the exact factor e^{-sigma^2 k^2 h / 2} removes that limit (and
+  is exact for the heat part), while the transport term keeps RK4's order 4. The classical
+  method is the case sigma = 0 of this one, so integrate.py's step is used there.
+
+Steps: each interval between save times is cut into equal steps of at most dt (as the
+fixed-step methods of `attnflow.integrate` do). The default dt = min(0.05, 0.5 / (K |v|max))
+keeps the transport's Courant number at 0.5 (|v|max: |V|_2, times e^{beta c} for
+unnormalised weights); a dt above 2 / (K |v|max) is refused (RK4's stability bound for the
+transport of the highest mode is 2 sqrt 2 / (K |v|max)).
+
+Resolution: after every step the solver checks that every label's density is resolved: the
+modes above 2 K / 3 below `tol` (relative l2, `attnflow.meanfield.initial.tail`) and no value
+below -tol / (2 pi) at the collocation points. When clusters concentrate the density past
+what K modes resolve, the first failing step's time is recorded as `resolution_lost_at`, the
+run stops, and the result ends with the last resolved step: it never returns an unresolved
+density. With `refine_to`, the solver first doubles K (and halves the step) from the last
+resolved state, as often as refine_to allows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from attnflow._checks import fail, number
+from attnflow.errors import NonFiniteStateError
+from attnflow.family import Block
+from attnflow.integrate import check_solver_args, rk4_step
+from attnflow.manifolds import EUCLIDEAN
+from attnflow.meanfield.initial import DEFAULT_TAIL, check_coefficients, tail
+from attnflow.meanfield.model import MeanFieldModel
+from attnflow.meanfield.result import MeanFieldResult, check_path
+from attnflow.meanfield.spectral import TransportField, to_grid
+
+__all__ = ["DEFAULT_DT", "solve"]
+
+DEFAULT_DT = 0.05
+COURANT = 0.5  # the default step's Courant number K |v|max dt
+MAX_COURANT = 2.0  # refused above (RK4 is stable up to 2 sqrt 2 on imaginary eigenvalues)
+
+
+def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
+          save_at: Any = None, noise: float | None = None, dt: float | None = None,
+          tol: float = DEFAULT_TAIL, refine_to: int | None = None,
+          path: str | os.PathLike | None = None) -> MeanFieldResult:
+    """Solve the mean-field equation of `model` from the density rho0 up to t_end.
+
+    Parameters
+    ----------
+    model : an `attnflow.Attention` block, or its keyword arguments as a dict: d = 2, one
+        (Q, K, V) head with Q^T K a multiple of an orthogonal matrix, any V, mask "full" or
+        "causal", attention "softmax" or "unnormalised", post-LN
+        (`attnflow.meanfield.model`). Its particles' n -> infinity limit is what is solved.
+    rho0 : Fourier coefficients (K + 1,) or (S, K + 1) (`from_function`, `from_tokens`,
+        `from_coefficients`): one density for the full mask; for the causal mask one per
+        label cell ((j - 1) / S, j / S], j = 1..S (token i of n has the label i / n).
+    t_end : final time >= 0 (one unit = one layer).
+    save_at : increasing save times in [0, t_end] (default 101 evenly spaced); 0 and t_end
+        are always saved.
+    noise : sigma >= 0 of attnflow's SDE dX = F dt + sigma P_X dW (`attnflow.simulate`):
+        on the circle theta does Brownian motion of variance sigma^2 t, so the density gains
+        the Fokker-Planck term (sigma^2 / 2) d_theta^2 rho. None: no noise.
+    dt : the largest step (default: module docstring).
+    tol : the resolution bound (module docstring).
+    refine_to : None (default: stop where resolution is lost), or the most modes to refine
+        to: an unresolved step is then retried from the last resolved state with twice the
+        modes (zero-padded) and half the step, as long as 2 K <= refine_to.
+    path : if given, the result is also saved there (``.nc`` or ``.zarr``), atomically:
+        an interrupted run leaves no file.
+
+    Returns a `MeanFieldResult` (its `resolution_lost_at` says whether and when the run
+    stopped for lack of resolution; settings["refinements"] lists [time, new K] of each
+    refinement, and every saved state is padded to the final K). Raises ValueError for
+    unsupported settings (naming what is supported) and `NonFiniteStateError` if a state
+    becomes non-finite.
+    """
+    mf = MeanFieldModel.of(model)
+    c = check_coefficients(rho0, "rho0", number("tol", tol, 0.0, low_open=True))
+    S, K = c.shape[0], c.shape[1] - 1
+    if not mf.causal and S != 1:
+        raise fail("rho0", "one density (K + 1,) or (1, K + 1) for the full mask (label cells "
+                   "are for mask 'causal')", f"{S} label densities")
+    if refine_to is not None and (isinstance(refine_to, bool) or not isinstance(
+            refine_to, (int, np.integer)) or refine_to < K):
+        raise fail("refine_to", f"None or an integer number of modes >= K = {K}",
+                   repr(refine_to))
+    t_end, times, dt, _, _ = check_solver_args("rk4", t_end, save_at, dt, None, None)
+    sigma = 0.0 if noise is None else number("noise", noise, 0.0, expected="sigma >= 0")
+    if path is not None:
+        check_path(path)
+    start = time.perf_counter()
+    march = _March(mf, S, K, sigma, dt)
+    grid_times = np.concatenate([[0.0], times]) if times[0] > 0 else times
+    saved_times, saved = [0.0], [c]
+    refinements: list[list[float]] = []
+    lost = None
+    t = 0.0
+    n_steps = 0
+    for t1 in grid_times[1:]:
+        while t < t1 and lost is None:
+            m = max(1, math.ceil((t1 - t) / march.dt * (1 - 1e-12)))
+            h, t0 = float((t1 - t) / m), t
+            for i in range(m):
+                new = march.step(c, h)
+                n_steps += 1
+                if not np.all(np.isfinite(new)):
+                    raise NonFiniteStateError(
+                        f"mean-field state non-finite at t = {t0 + (i + 1) * h:g}")
+                if march.resolved(new, tol):
+                    c, t = new, (t0 + (i + 1) * h if i < m - 1 else float(t1))
+                elif refine_to is not None and 2 * march.modes <= refine_to:
+                    march = _March(mf, S, 2 * march.modes, sigma, march.dt / 2)
+                    c = _padded(c, march.modes)
+                    refinements.append([t, march.modes])
+                    break
+                else:
+                    lost = t0 + (i + 1) * h
+                    break
+        if lost is not None:
+            if t > saved_times[-1]:
+                saved_times.append(t)
+                saved.append(c)
+            break
+        saved_times.append(float(t1))
+        saved.append(c)
+    result = MeanFieldResult(
+        times=np.array(saved_times),
+        coefficients=np.stack([_padded(x, march.modes) for x in saved]), model=mf.block,
+        settings={"modes": march.modes, "labels": S if mf.causal else None, "noise": sigma,
+                  "dt": march.dt, "steps": n_steps, "tol": tol, "points": march.field.points,
+                  "method": "rk4" if sigma == 0 else "lawson-rk4",
+                  "refinements": refinements},
+        resolution_lost_at=lost, wall_time=time.perf_counter() - start)
+    if path is not None:
+        result.save(path)
+    return result
+
+
+class _March:
+    """What depends on the number of modes K: the transport field, the step (checked against
+    the Courant bound) and the noise factors."""
+
+    def __init__(self, mf: MeanFieldModel, labels: int, modes: int, sigma: float,
+                 dt: float | None) -> None:
+        self.modes = modes
+        self.field = TransportField(mf, labels, modes)
+        speed = self.field.speed_bound()
+        if dt is None:
+            dt = min(DEFAULT_DT, COURANT / (modes * speed)) if speed > 0 else DEFAULT_DT
+        elif speed > 0 and dt > MAX_COURANT / (modes * speed):
+            raise fail("dt", f"a step <= {MAX_COURANT / (modes * speed):.3g} (Courant number "
+                       f"K |v|max dt <= {MAX_COURANT:g} for K = {modes} modes, |v|max = "
+                       f"{speed:.3g})", repr(dt))
+        self.dt = dt
+        self.sigma = sigma
+        self._rates = np.arange(modes + 1) ** 2 * (sigma * sigma / 2)
+        self._factors: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+
+    def step(self, c: np.ndarray, h: float) -> np.ndarray:
+        """One step of size h: RK4 without noise, integrating-factor RK4 with it."""
+        if self.sigma == 0:
+            return rk4_step(self.field, c, h, EUCLIDEAN)
+        if h not in self._factors:
+            half = np.exp(-self._rates * h / 2)  # e^{-sigma^2 k^2 h / 4}
+            self._factors[h] = (half * half, half)
+        return _lawson_rk4(self.field, c, h, *self._factors[h])
+
+    def resolved(self, c: np.ndarray, tol: float) -> bool:
+        """True when every label's density is resolved (module docstring)."""
+        return bool(tail(c).max() <= tol
+                    and to_grid(c, self.field.points).min() * 2 * np.pi >= -tol)
+
+
+def _padded(c: np.ndarray, modes: int) -> np.ndarray:
+    """Coefficients (S, K + 1) with zeros up to mode `modes`."""
+    return np.pad(c, ((0, 0), (0, modes + 1 - c.shape[1])))
+
+
+def _lawson_rk4(field: TransportField, u: np.ndarray, h: float, full: np.ndarray,
+                half: np.ndarray) -> np.ndarray:
+    """One integrating-factor RK4 step of du/dt = -D u + F(u), D = diag(sigma^2 k^2 / 2):
+    RK4 on w = e^{D t} u (full = e^{-D h}, half = e^{-D h / 2})."""
+    a = field(u)
+    b = field(half * (u + (h / 2) * a))
+    c = field(half * u + (h / 2) * b)
+    d = field(full * u + h * half * c)
+    return full * u + (h / 6) * (full * a + 2 * half * (b + c) + d)
