@@ -236,3 +236,17 @@ def test_prefix_round_off_at_a_million_tokens():
         wts = np.exp(s - s.max())
         exact = (wts @ xl) / wts.sum()
         np.testing.assert_allclose(got[i], exact.astype(float), rtol=0, atol=2e-12)
+
+
+def test_log_energy_against_the_dense_energy():
+    from attnflow.analysis.energy import log_energy
+    for d, beta in ((2, 64.0), (3, 9.0), (2, 0.3)):
+        x = uniform((2, 400), d, seed=d)
+        np.testing.assert_allclose(harmonic.log_energy(x, x, beta), log_energy(x, beta),
+                                   rtol=0, atol=1e-11)
+    R = orthogonal_multiple(3, 1.0, 4)
+    x = uniform(300, 3, seed=1)
+    np.testing.assert_allclose(harmonic.log_energy(x, x @ R.T, 5.0),
+                               log_energy(x, 5.0, None, R), atol=1e-11)
+    with pytest.raises(ValueError, match="beta: expected a number > 0"):
+        harmonic.log_energy(x, x, 0.0)

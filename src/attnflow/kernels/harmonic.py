@@ -46,7 +46,7 @@ from attnflow.kernels.types import Memory, Normalization
 from attnflow.parallel import parallel_ranges
 
 __all__ = ["DEFAULT_TOL", "ETA", "MIN_TOL", "SUPPORTS", "Harmonic", "attend", "check",
-           "coefficients", "features", "order", "sums", "tail"]
+           "coefficients", "features", "log_energy", "order", "sums", "tail"]
 
 SUPPORTS = frozenset({"bias", "unnormalised"})  # bias: a LinearBias only (`check`)
 DEFAULT_TOL = 1e-12
@@ -197,6 +197,22 @@ def attend(
         out = N * scale
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     return out.astype(dtype, copy=False)
+
+
+def log_energy(q: np.ndarray, k: np.ndarray, beta: float, tol: float = DEFAULT_TOL
+               ) -> np.ndarray:
+    """log E_beta = log((1 / (2 beta n^2)) sum_{i,j} exp(beta <q_i, k_j>)) in O(n K)
+    (`attnflow.analysis.energy` in O(n^2)): the full mask's normalisers, to within tol.
+
+    q, k : (..., n, e) queries and keys, e = 2 or 3, each of one common norm; beta > 0.
+    Returns (...)."""
+    tol = check_tol(tol)
+    if not (isinstance(beta, (int, float, np.number)) and beta > 0):
+        raise fail("beta", "a number > 0 (the energy's 1 / (2 beta))", repr(beta))
+    _, _, _, a, b = check(q, k, "full", None, "softmax")
+    n = q.shape[-2]
+    _, Z, s = sums(q, k, np.zeros((*q.shape[:-1], 0)), beta, "full", None, None, tol, (a, b))
+    return s + np.log(Z.sum(axis=-1)) - math.log(2.0 * beta * n * n)
 
 
 def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpec,
