@@ -43,7 +43,7 @@ def test_equals_dense_every_mask(name, with_memory):
         rng.standard_normal((runs, n, f))
     mem = memory(rng, e, f) if with_memory else None
     for mask in masks(n, rng):
-        for beta in (0.0, 1.0, 9.0):
+        for beta in (0.0, 1.0, 9.0, -0.7, -9.0):  # beta < 0: repulsive attention
             want = dense.attend(q, k, v, beta, mask, mem)
             got = FAST[name](q, k, v, beta, mask, mem)
             assert got.shape == want.shape and got.dtype == np.float64
@@ -268,3 +268,21 @@ def test_bad_backend_and_dtype():
         fused.attend(z.astype(np.complex64), z, z, 1.0, "causal")
     with pytest.raises(ValueError, match="block: expected an integer >= 1"):
         blocked.attend(z, z, z, 1.0, "causal", block=0)
+
+
+@pytest.mark.parametrize("name", [*sorted(FAST), "harmonic"])
+def test_negative_beta_on_the_sphere_against_dense(name):
+    """Repulsive attention (beta < 0) down to -700, where the weights exp(beta <x_i, x_j>)
+    span e^{1400}: every kernel against dense, on tokens of the circle (the harmonic kernel's
+    domain), causal, full and windowed, with and without memory."""
+    kernel = get_kernel("harmonic") if name == "harmonic" else FAST[name]
+    rng = np.random.default_rng(3)
+    x = af.sphere.uniform((9, 60), 2, seed=4)
+    v = rng.standard_normal((9, 60, 2))
+    mem = Memory(af.sphere.uniform(2, 2, seed=5), rng.standard_normal((2, 2)), np.log([1., 3.]))
+    for beta in (-0.5, -64.0, -700.0):
+        for mask in ("causal", "full", ("window", 5)):
+            for m in (None, mem):
+                np.testing.assert_allclose(kernel(x, x, v, beta, mask, m),
+                                           dense.attend(x, x, v, beta, mask, m),
+                                           rtol=0, atol=1e-11)

@@ -193,8 +193,8 @@ def attend(
     else:
         count = q.shape[-2] + (0.0 if memory is None else float(np.exp(memory.log_weights).sum()))
         with np.errstate(over="ignore"):
-            scale = np.exp(shift - math.log(count))
-        out = N * scale
+            scale = np.exp(shift - math.log(count))[..., None]
+        out = np.where(N == 0, 0.0, N * scale)  # (never 0 * inf)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     return out.astype(dtype, copy=False)
 
@@ -212,15 +212,19 @@ def log_energy(q: np.ndarray, k: np.ndarray, beta: float, tol: float = DEFAULT_T
     _, _, _, a, b = check(q, k, "full", None, "softmax")
     n = q.shape[-2]
     _, Z, s = sums(q, k, np.zeros((*q.shape[:-1], 0)), beta, "full", None, None, tol, (a, b))
-    return s + np.log(Z.sum(axis=-1)) - math.log(2.0 * beta * n * n)
+    top = s.max(axis=-1, keepdims=True)  # rows summed directly carry their own shift
+    return (top[..., 0] + np.log((Z * np.exp(s - top)).sum(axis=-1))
+            - math.log(2.0 * beta * n * n))
 
 
 def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpec,
          memory: Memory | None, bias: LinearBias | None, tol: float,
          norms: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, float]:
-    """(N (..., n, f), Z (..., n), s): each row's sum over the keys it sees of
-    exp(score - s) v_j and of exp(score - s), s = |beta a b|, to within tol relative to Z.
-    Inputs as checked by `check` (norms: its a, b)."""
+    """(N (..., n, f), Z (..., n), s (..., n)): each row's sum over the keys it sees of
+    exp(score - s_i) v_j and of exp(score - s_i), to within tol relative to Z: s_i = |beta a b|
+    for the rows summed by harmonics, the row's largest score for those summed directly
+    (whose weights exp(score - |B|) may all underflow, e.g. at beta = -700). Inputs as
+    checked by `check` (norms: its a, b)."""
     a, b = norms
     B = float(beta) * a * b
     d = q.shape[-1]
@@ -245,10 +249,11 @@ def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpe
     T = float(tail(B, d)[K])
     Z = acc[..., f]
     bad = ~(count * T <= tol * Z)  # NaN-safe: a non-positive or NaN Z fails
+    shift = np.full(acc.shape[:-1], s)
     if np.any(bad):
-        _direct_rows(acc, bad, qf, kf, vv, float(beta), mask, gamma, memory, s)
+        _direct_rows(acc, shift, bad, qf, kf, vv, float(beta), mask, gamma, memory)
     acc = acc.reshape(*lead, n, f + 1)
-    return acc[..., :f], acc[..., f], s
+    return acc[..., :f], acc[..., f], shift.reshape(*lead, n)
 
 
 def _directions(x: np.ndarray, norm: float) -> np.ndarray:
@@ -348,18 +353,24 @@ def _memory_sums(q: np.ndarray, memory: Memory, beta: float, s: float, f: int) -
     return wts @ mv
 
 
-def _direct_rows(acc: np.ndarray, bad: np.ndarray, q: np.ndarray, k: np.ndarray,
-                 vv: np.ndarray, beta: float, mask: MaskSpec, gamma: float,
-                 memory: Memory | None, s: float) -> None:
-    """Replace the rows marked `bad` (R, n) of acc by their direct sums (module docstring)."""
+def _direct_rows(acc: np.ndarray, shift: np.ndarray, bad: np.ndarray, q: np.ndarray,
+                 k: np.ndarray, vv: np.ndarray, beta: float, mask: MaskSpec, gamma: float,
+                 memory: Memory | None) -> None:
+    """Replace the rows marked `bad` (R, n) of acc by their direct sums, each shifted by its
+    largest score (recorded in `shift`) (module docstring)."""
     n = q.shape[1]
     slope = -math.log(gamma)
     for r, i in zip(*np.nonzero(bad)):
         lo = 0 if mask in ("full", "causal") else max(0, i - mask[1] + 1)
         hi = n if mask == "full" else i + 1
-        j = np.arange(lo, hi)
-        scores = beta * (k[r, lo:hi] @ q[r, i]) - slope * np.abs(i - j) - s
-        row = np.exp(scores) @ vv[r, lo:hi]
+        scores = beta * (k[r, lo:hi] @ q[r, i]) - slope * np.abs(i - np.arange(lo, hi))
         if memory is not None:
-            row += _memory_sums(q[r, i][None, None], memory, beta, s, vv.shape[-1] - 1)[0, 0]
-        acc[r, i] = row
+            mem = beta * (np.asarray(memory.k, float) @ q[r, i]) + memory.log_weights
+            top = max(scores.max(), float(np.max(mem)))
+        else:
+            top = scores.max()
+        acc[r, i] = np.exp(scores - top) @ vv[r, lo:hi]
+        if memory is not None:
+            acc[r, i] += _memory_sums(q[r, i][None, None], memory, beta, top,
+                                      vv.shape[-1] - 1)[0, 0]
+        shift[r, i] = top

@@ -39,8 +39,8 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
     import torch
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    if beta == 0:  # torch's fused CPU kernel returns NaN for scale 0 with is_causal (torch 2.13)
-        q, beta = q * 0, 1.0
+    if beta <= 0:  # torch's fused CPU kernel returns NaN for scale 0 and for negative scales
+        q, beta = q * beta, 1.0  # with is_causal (torch 2.13): the scale moves into q
     if memory is None and isinstance(mask, str) and bias is None:
         return _with_heads_axis(sdpa, q, k, v, is_causal=mask == "causal", scale=float(beta))
     n = q.shape[-2]
