@@ -114,9 +114,16 @@ def test_rows_far_from_every_key_are_summed_directly():
     q = -x  # rotated by pi
     v = np.random.default_rng(1).normal(size=(n, 2))
     for mask in ("causal", "full", ("window", 5)):
-        got = harmonic.attend(q, x, v, 300.0, mask)
-        ref = dense.attend(q, x, v, 300.0, mask)
-        np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+        # from |B| = 373 on every weight exp(score - |B|) of these rows underflows: each
+        # directly summed row carries its own shift
+        for beta, query in ((300.0, q), (400.0, q), (-400.0, x)):
+            got = harmonic.attend(query, x, v, beta, mask)
+            ref = dense.attend(query, x, v, beta, mask)
+            np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+        for slope in (800.0, 1e3):  # e^{-slope} = 0: each row sees its own key only
+            got = harmonic.attend(q, x, v, 64.0, mask, bias=LinearBias(slope))
+            np.testing.assert_allclose(got, dense.attend(q, x, v, 64.0, mask,
+                                                         bias=LinearBias(slope)), atol=1e-12)
 
 
 def test_window_and_causal_rows_at_2e4_tokens_against_exact_sums():
@@ -178,7 +185,7 @@ def test_full_attention_is_permutation_equivariant():
     (lambda x: harmonic.attend(x, x, x, 1.0, "causal", bias=np.zeros((5, 5))),
      "bias: expected None or a LinearBias"),
     (lambda x: harmonic.attend(np.ones((5, 4)), np.ones((5, 4)), x, 1.0, "causal"),
-     "q: expected queries and keys of size 2 \\(the circle\\) or 3"),
+     "q: expected queries and keys of one size, 2 \\(the circle\\) or 3"),
     (lambda x: harmonic.attend(x * np.arange(1, 6)[:, None], x, x, 1.0, "causal"),
      "q: expected rows of one common norm .*Q a multiple of an orthogonal matrix.*"
      "received norms from 1 to 5"),
@@ -251,3 +258,33 @@ def test_log_energy_against_the_dense_energy():
                                log_energy(x, 5.0, None, R), atol=1e-11)
     with pytest.raises(ValueError, match="beta: expected a number > 0"):
         harmonic.log_energy(x, x, 0.0)
+
+
+def test_non_finite_inputs_give_nan_and_shapes_are_checked():
+    x = uniform(6, 2, seed=0)
+    bad = x.copy()
+    bad[2, 0] = np.nan
+    assert np.isnan(harmonic.attend(bad, bad, bad, 3.0, "causal")).all()  # as dense: the
+    # integrators then report the non-finite state
+    with pytest.raises(ValueError, match="v: expected 6 rows, one per query"):
+        harmonic.attend(x, x, x[:1], 3.0, "causal")
+    with pytest.raises(ValueError, match="k: expected queries and keys of one size"):
+        harmonic.attend(x, np.ones((6, 4)), x, 3.0, "causal")
+    with pytest.raises(ValueError, match="beta: expected a finite number"):
+        harmonic.attend(x, x, x, np.inf, "causal")
+    c = harmonic.coefficients(9.0, 2)  # cached: shared by every caller, so read-only
+    with pytest.raises(ValueError):
+        c[1] = 0.0
+
+
+def test_auto_reads_directions_under_rk4():
+    """auto's harmonic_or_blocked, like the harmonic backend, reads x / |x| on a sphere
+    scheme, so that RK4's off-sphere stages stay on the harmonic kernel."""
+    n = 4 * harmonic.features(64.0, 2) + 1
+    model = af.Attention(beta=64.0, mask="causal")
+    x = uniform(n, 2, seed=1) * 1.01  # a stage point off the sphere
+    kernel = model.attention.kernel_for(x)
+    assert kernel is auto.harmonic_or_blocked
+    u = model.attention_inputs(x, kernel)
+    np.testing.assert_allclose(np.linalg.norm(u, axis=-1), 1.0, atol=1e-15)
+    np.testing.assert_array_equal(model.attention_inputs(x, dense.attend), x)

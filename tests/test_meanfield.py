@@ -393,3 +393,42 @@ def test_picture_shows_the_density_against_time_and_angle_with_particles():
     assert len(dots.get_offsets()) == 6 * 50
     with pytest.raises(ValueError, match="points"):
         plot_meanfield(res, points=64)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "unnormalised"])
+def test_velocity_against_quadrature_with_large_top_modes(attention):
+    """A state whose top modes are large (so the velocity's mode K + 2, which a general V
+    produces, matters): the collocated velocity against the definition, integrated by the
+    trapezoid rule on 4096 angles (spectrally accurate for periodic integrands)."""
+    K = 6
+    rng = np.random.default_rng(4)
+    c = np.zeros((1, K + 1), complex)
+    c[0, 0] = 1 / TWO_PI
+    c[0, 1:] = 0.02 * (rng.normal(size=K) + 1j * rng.normal(size=K))
+    b = 1.5
+    field = TransportField(MeanFieldModel.of({"beta": b, "V": V_GENERAL, "mask": "full",
+                                              "attention": attention}), 1, K)
+    theta = TWO_PI * np.arange(field.points) / field.points
+    phi = TWO_PI * np.arange(4096) / 4096
+    weights = c[0] * np.r_[1, 2 * np.ones(K)]  # rho = c_0 + 2 Re sum_k c_k e^{ik phi}
+    rho = np.real(np.exp(1j * np.outer(np.arange(K + 1), phi)).T @ weights)
+    w = np.exp(b * np.cos(theta[:, None] - phi[None, :])) * rho * (TWO_PI / 4096)
+    N = w @ np.stack([np.cos(phi), np.sin(phi)], -1) @ np.asarray(V_GENERAL).T
+    v = -np.sin(theta) * N[:, 0] + np.cos(theta) * N[:, 1]
+    if attention == "softmax":
+        v /= w.sum(axis=1)
+    np.testing.assert_allclose(field.velocity(c)[0], v, rtol=0, atol=1e-12 * np.abs(v).max())
+
+
+def test_refusals_of_the_review():
+    """A negative start, a mode outside 0..K, unnormalised weights whose e^(beta c)
+    overflows: each named, not a later failure."""
+    with pytest.raises(ValueError, match="rho0: expected a density >= 0"):
+        solve(af.Attention(beta=1.0, mask="full"), [1 / TWO_PI, 0.2, 0, 0], 1.0)
+    res = solve(af.Attention(beta=1.0, mask="full"), from_function(bump(1.0), 16), 0.1)
+    for k in (-1, 17, 1.5):
+        with pytest.raises(ValueError, match="k: expected a mode 0 <= k <= K = 16"):
+            res.moments(k)
+    with pytest.raises(ValueError, match="beta: expected beta c <= 700"):
+        solve(af.Attention(beta=800.0, mask="full", attention="unnormalised"),
+              from_function(bump(1.0), 16), 0.1)

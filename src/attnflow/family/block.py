@@ -34,7 +34,6 @@ from attnflow.family.positional import ALiBi, Encoding, RoPE, ScoreBias, as_alib
 from attnflow.family.schemes import Scheme, make_scheme
 from attnflow.family.weighting import Weighting
 from attnflow.kernels import Kernel, get_kernel
-from attnflow.kernels.harmonic import Harmonic
 from attnflow.kernels.masks import MaskSpec
 from attnflow.manifolds import SPHERE, Manifold
 from attnflow.sphere import normalize
@@ -149,13 +148,14 @@ class Block:
 
     def attention_inputs(self, X: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
         """The attention sublayer's input at the state X: the scheme's, except that a
-        harmonic kernel (`attnflow.kernels.harmonic`) on a sphere scheme reads the directions
-        X / |X|: the stages of RK4 and dopri5 lie off the sphere by O(dt^2), where the plain
-        extension's queries and keys have no common norm. On the sphere the field is the
-        same; off it this is the extension the implicit methods use."""
+        harmonic kernel (`attnflow.kernels.harmonic`, or auto's `harmonic_or_blocked`: a
+        kernel with `reads_directions`) on a sphere scheme reads the directions X / |X|: the
+        stages of RK4 and dopri5 lie off the sphere by O(dt^2), where the plain extension's
+        queries and keys have no common norm. On the sphere the field is the same; off it
+        this is the extension the implicit methods use."""
         u = self.scheme.inputs(X)
         kernel = get_kernel(self.attention.backend) if kernel is None else kernel
-        if self.scheme.manifold is SPHERE and isinstance(kernel, Harmonic):
+        if self.scheme.manifold is SPHERE and getattr(kernel, "reads_directions", False):
             return normalize(u)
         return u
 

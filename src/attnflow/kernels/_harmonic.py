@@ -25,8 +25,8 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
-__all__ = ["apply_total", "backward", "block_totals", "degrees", "feature_count", "forward",
-           "recurrence"]
+__all__ = ["apply_total", "backward", "block_totals", "degrees", "direct_rows", "feature_count",
+           "forward", "recurrence"]
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -242,3 +242,46 @@ def apply_total(q: np.ndarray, lam: np.ndarray, K: int, rec: np.ndarray, lo: int
     for i in range(lo, hi):
         _query(q[i], lam, K, rec, fq, g)
         _read(T, g, out[i])
+
+
+@njit(**_JIT)
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    acc = 0.0
+    for c in range(a.shape[0]):
+        acc += a[c] * b[c]
+    return acc
+
+
+@njit(**_JIT)
+def direct_rows(q: np.ndarray, k: np.ndarray, vv: np.ndarray, beta: float, slope: float,
+                runs: np.ndarray, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                mk: np.ndarray, mv: np.ndarray, mlog: np.ndarray, acc: np.ndarray,
+                shift: np.ndarray) -> None:
+    """For each (run r, row i) given: acc[r, i] = sum over the keys lo_i <= j < hi_i of
+    exp(s_j - top) vv[r, j] plus the memory keys' exp(s_m - top) mv_m, s_j = beta <q_i, k_j>
+    - slope |i - j|, s_m = beta <q_i, mk_m> + mlog_m, top the largest of them (shift[r, i])."""
+    F = vv.shape[2]
+    scores = np.empty(k.shape[1] + mk.shape[0])
+    for t in range(rows.size):
+        r, i = runs[t], rows[t]
+        m0 = hi[t] - lo[t]
+        top = -np.inf
+        for j in range(lo[t], hi[t]):
+            s = beta * _dot(q[r, i], k[r, j]) - slope * abs(i - j)
+            scores[j - lo[t]] = s
+            top = max(top, s)
+        for m in range(mk.shape[0]):
+            s = beta * _dot(q[r, i], mk[m]) + mlog[m]
+            scores[m0 + m] = s
+            top = max(top, s)
+        for c in range(F):
+            acc[r, i, c] = 0.0
+        for j in range(lo[t], hi[t]):
+            w = math.exp(scores[j - lo[t]] - top)
+            for c in range(F):
+                acc[r, i, c] += w * vv[r, j, c]
+        for m in range(mk.shape[0]):
+            w = math.exp(scores[m0 + m] - top)
+            for c in range(F):
+                acc[r, i, c] += w * mv[m, c]
+        shift[r, i] = top

@@ -76,6 +76,9 @@ def harmonic_or_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float
     return harmonic.attend(q, k, v, beta, mask, memory, bias, normalization)
 
 
+harmonic_or_blocked.reads_directions = True  # type: ignore[attr-defined]  # as Harmonic
+
+
 def attend(
     q: np.ndarray,
     k: np.ndarray,

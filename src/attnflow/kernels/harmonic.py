@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.special import ive
@@ -65,6 +65,7 @@ class Harmonic:
     "harmonic" or "harmonic:TOL")."""
 
     tol: float = DEFAULT_TOL
+    reads_directions: ClassVar[bool] = True  # on a sphere scheme, the model passes x / |x|
 
     def __post_init__(self) -> None:
         check_tol(self.tol)
@@ -91,7 +92,7 @@ def coefficients(B: float, d: int) -> np.ndarray:
     they are above 1e-300 of the first: circle c_k = ive(k, B) (each counted for k and -k);
     S^2 e^{-|B|} i_l(B) = sqrt(pi / (2 |B|)) ive(l + 1/2, |B|) (-1)^l for B < 0."""
     if abs(B) < 1e-200:  # exp(B <u, w>) = 1 to 1e-200 (and sqrt(pi / 2|B|) would overflow)
-        return np.ones(1)
+        return _read_only(np.ones(1))
     a = abs(B)
     top = int(a + 40 * math.sqrt(a) + 60)
     orders = np.arange(top + 1, dtype=float)
@@ -103,7 +104,13 @@ def coefficients(B: float, d: int) -> np.ndarray:
     c = c[: keep[-1] + 1]
     if B < 0:
         c = c * (-1.0) ** np.arange(c.size)
-    return c
+    return _read_only(c)
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """a, made read-only: the cache hands out the same array to every caller."""
+    a.setflags(write=False)
+    return a
 
 
 def tail(B: float, d: int) -> np.ndarray:
@@ -144,10 +151,11 @@ def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any
     if bias is not None and not isinstance(bias, LinearBias):
         raise fail("bias", "None or a LinearBias (-slope |i - j|, ALiBi's) for the harmonic "
                    "kernel: an (n, n) array has no prefix structure", describe(np.asarray(bias)))
-    e = q.shape[-1]
-    if e not in (2, 3) or k.shape[-1] != e:
-        raise fail("q", "queries and keys of size 2 (the circle) or 3 (S^2) for the harmonic "
-                   "kernel (Q, K mapping to R^2 or R^3)", describe(q))
+    for name, x in (("q", q), ("k", k)):
+        if x.shape[-1] not in (2, 3) or x.shape[-1] != q.shape[-1]:
+            raise fail(name, "queries and keys of one size, 2 (the circle) or 3 (S^2), for the "
+                       f"harmonic kernel (Q, K mapping to R^2 or R^3; q has {q.shape[-1]})",
+                       describe(x))
     a = _common_norm("q", q)
     b = _common_norm("k", k)
     return mask, bias, normalization, a, b
@@ -186,6 +194,17 @@ def attend(
     v : (..., n, f) values. beta : any real. Returns (..., n, f) in v's float dtype.
     """
     tol = check_tol(tol)
+    if not (isinstance(beta, (int, float, np.number)) and math.isfinite(beta)):
+        raise fail("beta", "a finite number", repr(beta))
+    n = q.shape[-2]
+    for name, x in (("k", k), ("v", v)):
+        if x.ndim < 2 or x.shape[-2] != n:
+            raise fail(name, f"{n} rows, one per query", describe(x))
+    dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
+    if not (np.isfinite(q).all() and np.isfinite(k).all() and np.isfinite(v).all()):
+        # NaN out, as the other kernels give, so that an integrator reports the state
+        shape = (*np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), n, v.shape[-1])
+        return np.full(shape, np.nan, dtype)
     mask, bias, normalization, a, b = check(q, k, mask, bias, normalization)
     N, Z, shift = sums(q, k, v, beta, mask, memory, bias, tol, (a, b))
     if normalization == "softmax":
@@ -195,7 +214,6 @@ def attend(
         with np.errstate(over="ignore"):
             scale = np.exp(shift - math.log(count))[..., None]
         out = np.where(N == 0, 0.0, N * scale)  # (never 0 * inf)
-    dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     return out.astype(dtype, copy=False)
 
 
@@ -239,7 +257,8 @@ def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpe
     K = order(B, d, tol)
     degree = _harmonic.degrees(d, K)
     lam = coefficients(B, d)[degree] * (np.where(degree > 0, 2.0, 1.0) if d == 2 else 1.0)
-    gamma = 1.0 if bias is None else math.exp(-bias.slope)
+    slope = 0.0 if bias is None else bias.slope
+    gamma = math.exp(-slope)  # 0.0 from slope 745 on: each row's own key only
     acc = np.zeros_like(vv)
     _scan(u, w, vv, lam, K, u is w, mask, gamma, acc)
     s = abs(B)
@@ -251,7 +270,7 @@ def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpe
     bad = ~(count * T <= tol * Z)  # NaN-safe: a non-positive or NaN Z fails
     shift = np.full(acc.shape[:-1], s)
     if np.any(bad):
-        _direct_rows(acc, shift, bad, qf, kf, vv, float(beta), mask, gamma, memory)
+        _direct_rows(acc, shift, bad, qf, kf, vv, float(beta), mask, slope, memory)
     acc = acc.reshape(*lead, n, f + 1)
     return acc[..., :f], acc[..., f], shift.reshape(*lead, n)
 
@@ -354,23 +373,20 @@ def _memory_sums(q: np.ndarray, memory: Memory, beta: float, s: float, f: int) -
 
 
 def _direct_rows(acc: np.ndarray, shift: np.ndarray, bad: np.ndarray, q: np.ndarray,
-                 k: np.ndarray, vv: np.ndarray, beta: float, mask: MaskSpec, gamma: float,
+                 k: np.ndarray, vv: np.ndarray, beta: float, mask: MaskSpec, slope: float,
                  memory: Memory | None) -> None:
     """Replace the rows marked `bad` (R, n) of acc by their direct sums, each shifted by its
-    largest score (recorded in `shift`) (module docstring)."""
-    n = q.shape[1]
-    slope = -math.log(gamma)
-    for r, i in zip(*np.nonzero(bad)):
-        lo = 0 if mask in ("full", "causal") else max(0, i - mask[1] + 1)
-        hi = n if mask == "full" else i + 1
-        scores = beta * (k[r, lo:hi] @ q[r, i]) - slope * np.abs(i - np.arange(lo, hi))
-        if memory is not None:
-            mem = beta * (np.asarray(memory.k, float) @ q[r, i]) + memory.log_weights
-            top = max(scores.max(), float(np.max(mem)))
-        else:
-            top = scores.max()
-        acc[r, i] = np.exp(scores - top) @ vv[r, lo:hi]
-        if memory is not None:
-            acc[r, i] += _memory_sums(q[r, i][None, None], memory, beta, top,
-                                      vv.shape[-1] - 1)[0, 0]
-        shift[r, i] = top
+    largest score (recorded in `shift`) (module docstring): O(n) per row, compiled."""
+    n, F = q.shape[1], vv.shape[-1]
+    runs, rows = np.nonzero(bad)
+    i = rows.astype(np.int64)
+    lo = np.zeros_like(i) if mask in ("full", "causal") else np.maximum(0, i - mask[1] + 1)
+    hi = np.full_like(i, n) if mask == "full" else i + 1
+    if memory is None:
+        mk, mv, mlog = np.zeros((0, q.shape[-1])), np.zeros((0, F)), np.zeros(0)
+    else:
+        mk = np.asarray(memory.k, float)
+        mv = np.concatenate([np.asarray(memory.v, float), np.ones((len(mk), 1))], axis=1)
+        mlog = np.asarray(memory.log_weights, float)
+    _harmonic.direct_rows(q, k, vv, float(beta), float(slope), runs.astype(np.int64), i, lo,
+                          hi, mk, mv, mlog, acc, shift)

@@ -50,6 +50,9 @@ def check_coefficients(c: Any, name: str = "rho0", tol: float = DEFAULT_TAIL) ->
         raise fail(name, f"a density resolved by its {arr.shape[1] - 1} modes (the modes above "
                    f"2 K / 3 below {tol:g} relative; more modes or a smoother start)",
                    f"a tail of {worst:.3g}")
+    lowest = float(np.fft.irfft(arr * (points := 4 * arr.shape[1]), n=points).min())
+    if lowest < -tol / (2 * np.pi):  # the solver's own test of a resolved state
+        raise fail(name, "a density >= 0 (to -tol / (2 pi))", f"a minimum of {lowest:.3g}")
     return arr
 
 

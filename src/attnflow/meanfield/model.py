@@ -33,6 +33,9 @@ SUPPORTED = ("an attnflow.Attention block (or its keyword arguments) with d = 2,
              "positional encodings, QK-norm, projection biases or MLP")
 
 
+MAX_B = 700.0  # the largest beta c of unnormalised weights, whose kernel is e^(b cos)
+
+
 @dataclass(frozen=True)
 class MeanFieldModel:
     """The mean-field equation's parameters (module docstring).
@@ -81,6 +84,10 @@ class MeanFieldModel:
         if not np.allclose(B.T @ B, c * c * np.eye(2), rtol=0, atol=1e-12 * max(1.0, c * c)):
             raise fail("Q, K", "Q^T K a multiple of an orthogonal (2, 2) matrix (" + SUPPORTED
                        + ")", f"Q^T K = {B.tolist()}")
+        if att.weighting.method == "unnormalised" and float(att.beta) * c > MAX_B:
+            raise fail("beta", f"beta c <= {MAX_B:g} for unnormalised weights (c = {c:.6g}, the "
+                       "scale of Q^T K: the kernel e^(beta c) overflows float64 beyond)",
+                       f"beta c = {float(att.beta) * c:.6g}")
         reflect = bool(np.linalg.det(B) < 0)
         # Rotation by alpha: B = c [[cos a, -sin a], [sin a, cos a]]; reflection at angle
         # alpha: B = c [[cos a, sin a], [sin a, -cos a]]. Both have first column c (cos, sin).

@@ -64,7 +64,11 @@ class MeanFieldResult:
 
     def moments(self, k: int) -> np.ndarray:
         """The Fourier moments int e^{i k theta} rho(theta) dtheta (T, S) = 2 pi conj(c_k):
-        the n -> infinity limit of the particles' (1/n) sum_j e^{i k theta_j}."""
+        the n -> infinity limit of the particles' (1/n) sum_j e^{i k theta_j}; k in 0..K."""
+        K = self.coefficients.shape[-1] - 1
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= K:
+            raise fail("k", f"a mode 0 <= k <= K = {K} (for k < 0: conj(moments(-k)))",
+                       repr(k))
         return 2 * np.pi * np.conj(self.coefficients[..., k])
 
     def density(self, points: int = 256) -> np.ndarray:

@@ -95,8 +95,11 @@ class TransportField:
         V = self.model.V
         p = ((V[0, 0] + V[1, 1]) + 1j * (V[1, 0] - V[0, 1])) / 2
         q = ((V[0, 0] - V[1, 1]) + 1j * (V[1, 0] + V[0, 1])) / 2
-        u_plus = p * Np[:, K + 3:] + q * np.conj(Np[:, K + 1::-1])  # u_k, k = 0..K+1
-        u_minus = p * Np[:, K + 3:1:-1] + q * np.conj(Np[:, K + 1:2 * K + 3])  # u_{-k}
+        # u spans the modes -K-2..K (q conj(N_{K+1}) reaches -K-2), so v = Im u has
+        # bandwidth K + 2: u_k and u_{-k} for k = 0..K+2 (u_{K+1} = u_{K+2} = 0 from p).
+        u_plus = np.zeros((G.shape[0], K + 3), dtype=complex)
+        u_plus[:, :K + 2] = p * Np[:, K + 3:] + q * np.conj(Np[:, K + 1::-1])  # k = 0..K+1
+        u_minus = p * Np[:, K + 3:0:-1] + q * np.conj(Np[:, K + 1:2 * K + 4])  # u_{-k}
         v = to_grid((u_plus - np.conj(u_minus)) / 2j, self.points)
         if self.model.weighting == "softmax":
             v /= to_grid(e[K + 1:2 * K + 2] * G, self.points)

@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 
 from attnflow._checks import fail
 from attnflow.meanfield import MeanFieldResult
+from attnflow.meanfield.spectral import to_grid
 from attnflow.plot._input import _states
 from attnflow.plot._style import COLUMN, STYLE, _figure, _pi_axis, _token_colors
 from attnflow.trajectory import Trajectory
@@ -29,7 +30,7 @@ def plot_meanfield(
     by index) drawn over it.
 
     label : the label cell to draw (causal mask; default the last, the last token's label);
-        ignored for the full mask.
+        the full mask has the one cell 0 (or -1).
     particles : an attnflow `Trajectory` of the same model (d = 2), or None; its token
         angles at its saved times are drawn as dots (on the result's time range: after a
         loss of resolution the density ends, the particles' dots too).
@@ -51,9 +52,8 @@ def plot_meanfield(
         raise fail("particles", "None or an attnflow Trajectory on the circle (d = 2)",
                    repr(particles)[:80])
     # theta_j = -pi + 2 pi j / points: the coefficients rotated by pi
-    k = np.arange(K + 1)
-    density = result.coefficients[:, label] * np.exp(-1j * np.pi * k)
-    rho = np.fft.irfft(density * points, n=points, axis=-1)  # (T, points)
+    rho = to_grid(result.coefficients[:, label] * np.exp(-1j * np.pi * np.arange(K + 1)),
+                  points)  # (T, points)
     theta = -np.pi + 2 * np.pi * np.arange(points) / points
     if figsize is None:
         figsize = (COLUMN, 2.4)

@@ -66,11 +66,13 @@ def _one_of(choices: tuple[str, ...]) -> Check:
 
 
 def _backend(name: str, v: Any) -> str:
-    """A kernel name (`attnflow.kernels.KERNELS`) or harmonic:TOL."""
+    """A kernel name (`attnflow.kernels.KERNELS`) or harmonic:TOL, stripped."""
+    v = text(name, v).strip()
     try:
-        get_kernel(text(name, v))
-    except ValueError:
-        raise fail(name, f"one of {', '.join(KERNELS)} or harmonic:TOL", repr(v)) from None
+        get_kernel(v)
+    except ValueError as err:  # its reason (a tolerance out of range, torch not installed)
+        raise fail(name, f"one of {', '.join(KERNELS)} or harmonic:TOL ({err})",
+                   repr(v)) from None
     return v
 
 
