@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from attnflow.cli import app
+from attnflow.cli._app import app
 
 
 @app.command()

@@ -16,7 +16,7 @@ import numpy as np
 import typer
 
 from attnflow._checks import fail, nonnegative, number
-from attnflow.cli import app
+from attnflow.cli._app import app
 from attnflow.cli._options import given, output_path, renamed, unused
 from attnflow.family.stack import segments
 from attnflow.family.text import (
