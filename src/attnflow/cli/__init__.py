@@ -2,8 +2,8 @@
 
 Each subcommand lives in its own module and registers itself on `app`, defined in _app.py,
 which imports no subcommand (so no module imports in a circle); this package imports them
-all. Every failure ends in one line on stderr, ``error: ...``, and a non-zero exit status, never in a
-traceback: bad input (click's usage errors, a ValueError from the library, a state that
+all. Every failure ends in one line on stderr, ``error: ...``, and a non-zero exit status,
+never in a traceback: bad input (click's usage errors, a ValueError from the library, a state that
 became non-finite, a missing or unwritable file) exits with 2. Commands therefore just let
 those exceptions propagate; any other exception is a bug and keeps its traceback.
 """
