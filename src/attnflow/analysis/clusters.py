@@ -66,7 +66,8 @@ class Clusters:
 def spanning_tree(X: Any) -> tuple[np.ndarray, np.ndarray]:
     """A minimum spanning tree of the tokens for the geodesic distance.
 
-    X : (..., n, d) points on the unit sphere; leading axes are independent configurations.
+    X : (..., n, d) points on the unit sphere; leading axes are independent configurations
+        (a Trajectory: its token directions (T, ..., n, d)).
 
     Returns (parent, length): parent (..., n) int, the tree neighbour through which token j
     joined the tree (parent[..., 0] = 0: token 0 is the root), and length (..., n) the
@@ -138,6 +139,7 @@ def cluster_count(X: Any, tol: float) -> np.ndarray:
     """Number of single-linkage clusters at geodesic tolerance ``tol`` (radians).
 
     X : (..., n, d) points on the unit sphere; leading axes are independent configurations.
+        A Trajectory counts as its token directions (T, ..., n, d).
     Returns an int array of shape (...) (a 0-d array for one configuration).
     """
     tol = radius("tol", tol)
@@ -147,9 +149,9 @@ def cluster_count(X: Any, tol: float) -> np.ndarray:
 
 def cluster_counts(traj: Any, tol: float) -> np.ndarray:
     """Cluster count at every saved time of a Trajectory: shape (T, ...) for states
-    (T, ..., n, d). ``traj`` may also be the states array itself. See `cluster_count`."""
-    states = getattr(traj, "states", traj)
-    return cluster_count(states, tol)
+    (T, ..., n, d). ``traj`` may also be the states array itself; the same as
+    `cluster_count`, which takes a Trajectory too."""
+    return cluster_count(traj, tol)
 
 
 def clusters(X: Any, tol: float) -> Clusters:
