@@ -121,13 +121,13 @@ def angular_distance(X: Any) -> np.ndarray:
     return (np.arccos(cos) / np.pi).mean(axis=-1)
 
 
-def cluster_count_at(X: Any, tol: float) -> np.ndarray:
-    """(...) int, single-linkage clusters of the directions of X (..., n, d) at geodesic
-    tolerance tol (radians), `attnflow.analysis.cluster_count`."""
+def cluster_count_at(X: Any, tol: float, min_size: int = 1) -> np.ndarray:
+    """(...) int, single-linkage clusters of at least min_size tokens of the directions of X
+    (..., n, d) at geodesic tolerance tol (radians), `attnflow.analysis.cluster_count`."""
     theta = _directions("X", X)
     if theta.shape[-1] < 2:
         raise fail("X", "tokens in R^d with d >= 2", describe(theta))
-    return cluster_count(theta, tol)
+    return cluster_count(theta, tol, min_size)
 
 
 def _center_count(centers: Any, X: Any, delta: float) -> np.ndarray:
