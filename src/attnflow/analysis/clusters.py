@@ -22,6 +22,7 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from attnflow._checks import fail
+from attnflow._repr import ShortRepr
 from attnflow.analysis._input import radius, sphere_points
 from attnflow.sphere import geodesic_distance, normalize
 
@@ -41,8 +42,8 @@ def default_cluster_tol(beta: float) -> float:
     return min(float(np.pi), 0.25 * beta ** -0.5) if beta > 0 else 1e-2
 
 
-@dataclass(frozen=True)
-class Clusters:
+@dataclass(frozen=True, repr=False)
+class Clusters(ShortRepr):
     """Single-linkage clusters of one configuration of n tokens in R^d.
 
     Attributes

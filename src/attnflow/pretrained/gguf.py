@@ -62,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import describe, fail
+from attnflow._repr import ShortRepr
 from attnflow.family.positional import RoPE
 from attnflow.pretrained.checkpoint import HF_INITIALIZER_RANGE, AttentionLayer
 
@@ -81,8 +82,8 @@ _READ_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, OSEr
                 MemoryError, EOFError)
 
 
-@dataclass(frozen=True)
-class DecoderConfig:
+@dataclass(frozen=True, repr=False)
+class DecoderConfig(ShortRepr):
     """The architecture of a decoder's GGUF file, from its metadata (module docstring).
 
     d : width of the residual stream; n_layers; n_heads, n_kv_heads : query and key/value
@@ -164,8 +165,8 @@ class DecoderConfig:
 LlamaConfig = DecoderConfig  # the name of the LLaMA-only reader, kept
 
 
-@dataclass(frozen=True)
-class DecoderBlock:
+@dataclass(frozen=True, repr=False)
+class DecoderBlock(ShortRepr):
     """The float32 weights of one layer, dequantised (shapes in the module docstring).
 
     Gemma 3 only (None for LLaMA): post_attn_norm, post_ffn_norm (d,) the gains of the RMSNorm
