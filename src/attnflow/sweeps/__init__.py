@@ -30,7 +30,7 @@ The spec (a TOML file, or the same nested mapping in Python)::
     alibi = "none"              #   none | default | S | S1,S2,...
     noise = 0.1                 #   sigma: Euler-Maruyama (method euler or geodesic)
     t_end = 50                  # one number: all runs share the time axis        (required)
-    save_at = [0, 10, 50]       # save times, or a count of evenly spaced times from 0 to t_end
+    save_at = [0, 10, 50]       # save times, a count of evenly spaced times, or "log"
     seeds = 8                   # a count (seeds 0..7) or a list of seed indices  (required)
 
     [keep]
