@@ -251,7 +251,9 @@ class GGUFModel:
 
     @cached_property
     def _cache(self) -> WeightCache | None:
-        """The on-disk cache of this file's dequantised tensors (checksummed on first use)."""
+        """The on-disk cache of this file's parsed header and dequantised tensors, None when
+        off (its key, the file's SHA-256, is computed when the model opens: ~0.3 s for
+        Gemma 3 270M)."""
         return None if self._cache_root is None else WeightCache(self.path, self._cache_root)
 
     def __repr__(self) -> str:
