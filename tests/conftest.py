@@ -14,3 +14,12 @@ def random_matrix(rng: np.random.Generator, d: int) -> np.ndarray:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def weight_cache(tmp_path_factory):
+    """Dequantised weights go to a cache of the test session's own, not the user's
+    (~/.cache/attnflow); subprocesses inherit it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNFLOW_CACHE", str(tmp_path_factory.mktemp("weight-cache")))
+        yield

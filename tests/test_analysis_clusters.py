@@ -143,3 +143,27 @@ def test_bad_input():
         af.clusters(2 * uniform(5, 3, seed=0), 0.1)
     with pytest.raises(ValueError, match="X: expected an array with 2 dimensions"):
         af.clusters(uniform((2, 5), 3, seed=0), 0.1)
+
+
+def test_min_size_leaves_stragglers_out():
+    # two tight clusters of 3 and a straggler far from both: 3 clusters, 2 of size >= 2
+    a, b, c = np.eye(3)
+    near = [a, af.sphere.normalize(a + 0.01 * b), af.sphere.normalize(a + 0.01 * c),
+            b, af.sphere.normalize(b + 0.01 * a), af.sphere.normalize(b + 0.01 * c), c]
+    X = np.array(near)
+    assert af.cluster_count(X, 0.1) == 3
+    assert af.cluster_count(X, 0.1, min_size=2) == 2
+    assert af.cluster_count(X, 0.1, min_size=4) == 0
+
+
+def test_min_size_matches_the_clusters_sizes_in_a_batch():
+    X = np.stack([af.sphere.uniform(40, 3, seed=s) for s in range(4)]).reshape(2, 2, 40, 3)
+    for m in (1, 2, 3):
+        want = [[int(np.sum(af.clusters(x, 0.3).sizes >= m)) for x in row] for row in X]
+        np.testing.assert_array_equal(af.cluster_count(X, 0.3, min_size=m), want)
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, True, "2"])
+def test_min_size_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match=r"min_size: expected an integer >= 1"):
+        af.cluster_count(af.sphere.uniform(5, 3, seed=0), 0.1, min_size=bad)

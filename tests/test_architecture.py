@@ -45,10 +45,31 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     return out
 
 
-def test_no_module_imports_itself_in_a_circle():
+def _package_graph() -> grimp.ImportGraph:
+    """attnflow's import graph without the top-level __init__'s own imports (it re-exports
+    everything by design). Only its edges go: `remove_module("attnflow")` would remove every
+    module below it too and leave an empty graph, in which no circle can be found."""
     graph = grimp.build_graph("attnflow")
-    graph.remove_module("attnflow")  # the package's __init__ re-exports everything by design
+    for imported in graph.find_modules_directly_imported_by("attnflow"):
+        graph.remove_import(importer="attnflow", imported=imported)
+    return graph
+
+
+def test_no_module_imports_itself_in_a_circle():
+    graph = _package_graph()
+    # the check looks inside every subpackage, the command line's included
+    assert {"attnflow.cli", "attnflow.cli.simulate", "attnflow.kernels.dense"} <= graph.modules
     assert _cycles(graph) == []
+
+
+def test_the_command_modules_import_the_app_not_the_package():
+    """A subcommand importing `app` from attnflow.cli, whose __init__ imports the subcommands,
+    is a circle: they import it from attnflow.cli._app."""
+    graph = _package_graph()
+    commands = graph.find_modules_directly_imported_by("attnflow.cli") - {"attnflow.cli._app"}
+    assert "attnflow.cli.simulate" in commands
+    assert [m for m in sorted(commands)
+            if "attnflow.cli" in graph.find_modules_directly_imported_by(m)] == []
 
 
 def test_a_cycle_is_found_when_there_is_one():

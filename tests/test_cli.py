@@ -92,3 +92,19 @@ def test_help_documents_every_option():
                    "--method", "--dt", "--rtol", "--atol", "--t-end", "--save-at", "--seed",
                    "--dtype", "--out"):
         assert option in text
+
+
+# Commands that report progress while they run (bars on stderr).
+SHOWS_PROGRESS = {"simulate", "sweep", "reproduce"}
+
+
+def test_every_command_that_shows_progress_has_no_progress():
+    import typer
+
+    from attnflow.cli import app
+
+    commands = typer.main.get_command(app).commands
+    assert SHOWS_PROGRESS <= set(commands)
+    for name in SHOWS_PROGRESS:
+        flags = {opt for p in commands[name].params for opt in (*p.opts, *p.secondary_opts)}
+        assert "--no-progress" in flags, name

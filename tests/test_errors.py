@@ -13,15 +13,26 @@ MODEL = af.Attention(beta=1.0)
 
 
 @pytest.mark.parametrize("kwargs,pattern", [
-    ({"Q": np.eye(2), "V": np.eye(3)}, r"Q, K, V, memory: expected .* one dimension d"),
-    ({"Q": np.ones((3, 2))}, r"Q, K: expected one head size e for Q \(e, d\) and K \(e, d\)"),
+    ({"Q": np.eye(2), "V": np.eye(3)}, r"Q, V: expected one dimension d .*received Q of shape "
+     r"\(2, 2\) \(d = 2\), V of shape \(3, 3\) \(d = 3\)"),
+    # a Q with 3 columns where 2 were meant: the error is about Q's columns, not its rows
+    ({"Q": np.ones((2, 3))}, r"Q: expected a square matrix: K is the identity, so the head "
+     r"size e \(the rows\) must equal d = 3 \(the columns\), received .*2 rows, 3 columns"),
+    ({"Q": np.ones((2, 3)), "K": np.ones((3, 3))},
+     r"Q, K: expected one head size e for Q \(e, d\) and K \(e, d\)"),
     ({"Q": np.ones((3, 2)), "K": np.ones((3, 2)), "V": np.eye(3)},
-     r"Q, K, V, memory: expected matrices and memory points of one dimension d"),
+     r"Q, K, V: expected one dimension d"),
+    ({"memory": (np.eye(3)[:1], [1.0]), "V": np.eye(2)},
+     r"V, memory: expected one dimension d .*memory of shape \(1, 3\) \(d = 3\)"),
+    ({"beta": True}, r"beta: expected a finite number >= 0, received True"),
+    ({"beta": "25"}, r"beta: expected a finite number >= 0, received '25'"),
+    ({"beta": np.bool_(True)}, r"beta: expected a finite number >= 0, received .*True"),
     ({"V": np.ones((3, 2))}, r"V: expected a \(2, 2\) matrix, received an array of shape \(3, 2\)"),
     ({"K": [[np.nan, 0], [0, 1]]}, r"K: expected finite entries, received 1 non-finite"),
     ({"beta": -1.0}, r"beta: expected a finite number >= 0, received -1.0"),
     ({"beta": "hot"}, r"beta: expected a finite number >= 0, received 'hot'"),
-    ({"mask": "diagonal"}, r"mask: expected 'causal', 'full', \('window', w\)"),
+    ({"mask": "diagonal"},
+     r"mask: expected 'causal', 'full', 'window:W', FILE.npy, \('window', w\)"),
     ({"mask": ("window", 0)}, r"mask: expected a window width w >= 1"),
     ({"mask": np.ones((3, 4), bool)}, r"mask: expected a boolean \(n, n\) array"),
     ({"combine": "max"}, r"combine: expected 'sum' or 'mean', received 'max'"),
@@ -39,8 +50,14 @@ def test_model_arguments(kwargs, pattern):
 
 
 @pytest.mark.parametrize("x0,kwargs,pattern", [
+    # tokens of d = 2 and a V for d = 3: the error names V, the array that fixed d
     (X[:, :2], {"model": af.Attention(V=np.eye(3))},
-     r"x0: expected an array of shape \(\.\.\., n, 3\), received .*\(5, 2\)"),
+     r"V: expected a matrix for d = 2, the dimension of x0 \(\.\.\., n, 2\), received shape "
+     r"\(3, 3\), which makes d = 3"),
+    (X[:, :2], {"model": af.Attention(heads=[(None, None, None), (np.eye(3), None, None)])},
+     r"heads\[1\].Q: expected a matrix for d = 2"),
+    (X[:, :2], {"model": af.Attention(memory=(np.eye(3)[:1], [1.0]))},
+     r"memory: expected points for d = 2, the dimension of x0"),
     (X[0], {}, r"x0: expected an array with at least 2 dimensions"),
     (np.where(np.eye(5, 3) > 0, np.nan, X), {}, r"x0: expected finite entries, received 3 non"),
     (2 * X, {}, r"x0: expected unit vectors .*normalize=True.*off 1 by up to 1"),

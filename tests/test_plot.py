@@ -371,3 +371,36 @@ def test_cli_plot_and_animate(runs, tmp_path):
     result = cli.invoke(app, ["plot", str(run_file), "--t", "9", "--out", str(tmp_path / "x.png")])
     assert result.exit_code == 2
     assert "t: expected a time in the saved range" in result.output
+
+
+# ----------------------------------------------------------------------------- full attention
+def _full(states: np.ndarray) -> Trajectory:
+    return Trajectory(times=np.arange(len(states), dtype=float), states=states,
+                      model=af.Attention(beta=64.0, mask="full"), integrator={"method": "none"})
+
+
+def _texts(fig) -> str:
+    labels = [a.get_xlabel() for a in fig.axes]
+    legends = [t.get_text() for a in fig.axes if a.get_legend() for t in a.get_legend().texts]
+    return " ".join(labels + legends)
+
+
+def test_full_attention_pictures_carry_no_causal_annotations():
+    X = on_circle(np.array([0.0, 0.02, 2.0, 2.02, 4.0]))
+    full, causal = _full(np.stack([X, X])), synthetic(np.stack([X, X]))
+    fig = plot.plot_circle(full)
+    assert "arrival order" not in _texts(fig) and "Rényi" not in _texts(fig)
+    assert "token index k" in _texts(fig)
+    assert "arrival order" in _texts(plot.plot_circle(causal))
+    assert "Rényi" in _texts(plot.plot_circle(causal))
+    assert "Rényi" in _texts(plot.plot_circle(full, centers=True))  # when asked, drawn
+    series = plot.plot_timeseries(full, tol=0.1, delta=0.5)
+    assert [ln.get_label() for ln in series.axes[0].lines] == ["clusters (tol = 0.1)"]
+    assert len(plot.plot_timeseries(causal, tol=0.1, delta=0.5).axes[0].lines) == 3
+    angles = plot.plot_angles(full, log_time=False)
+    assert "arrival order" not in _texts(angles)
+
+
+def test_centers_must_be_a_bool_or_none():
+    with pytest.raises(ValueError, match=r"centers: expected True, False or None"):
+        plot.plot_circle(_full(np.stack([on_circle(np.zeros(2))])), centers="yes")

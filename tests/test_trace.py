@@ -13,6 +13,7 @@ import xarray as xr
 import attnflow as af
 from attnflow.analysis import battery
 from attnflow.pretrained.trace import (
+    accumulated_resid,
     hook_name,
     load_trace,
     save_trace,
@@ -189,3 +190,20 @@ def test_trace_of_a_decoder_against_the_reference_forward(tmp_path):
         assert bad.exit_code == 2 and pattern in bad.output, bad.output
     bad = CliRunner().invoke(app, ["trace", str(tmp_path / "none.gguf"), "--token-ids", "1"])
     assert bad.exit_code == 2 and "model: expected an existing .gguf file" in bad.output
+
+
+def test_a_layer_axis_in_one_call(tmp_path):
+    pre, mid, post, pattern = arrays()
+    ds = trace_dataset(pre, post, np.arange(N), resid_mid=mid, pattern=pattern)
+    resid = ds.attnflow.accumulated_resid()
+    assert resid.dims == ("layer", "pos", "d_model") and resid.sizes["layer"] == L + 1
+    np.testing.assert_array_equal(resid.sel(layer=np.arange(L)).values, pre)
+    np.testing.assert_array_equal(resid.sel(layer=L).values, post[-1])
+    np.testing.assert_array_equal(resid.layer, np.arange(L + 1))
+    heads = ds.attnflow.stack_activation("attn.hook_pattern")
+    assert heads.dims == ("layer", "head_index", "query_pos", "key_pos")
+    np.testing.assert_array_equal(heads.values, pattern)
+    np.testing.assert_array_equal(stacked(ds, "hook_resid_mid"), mid)
+    back = load_trace(save_trace(ds, tmp_path / "t.zarr"))  # the accessor on a loaded trace
+    np.testing.assert_array_equal(back.attnflow.accumulated_resid().values, resid.values)
+    assert accumulated_resid(back).identical(resid)

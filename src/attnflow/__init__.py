@@ -18,16 +18,20 @@ from attnflow._version import __version__
 
 # Public name -> the module that defines it. Loaded on first use, so `import attnflow` stays
 # fast (scipy.stats, xarray, zarr, dask and matplotlib load only when needed).
-_ANALYSIS = (
-    "RENYI_PARKING_CONSTANT", "Clusters", "classify_configuration", "cluster_count",
-    "cluster_counts", "clusters", "consumed_fraction", "default_cluster_tol", "energy",
-    "expected_renyi_centers_circle", "expected_strong_centers", "g", "h", "lemma51_bound",
-    "log_energy", "predict_configuration", "remark_b2_conditions", "renyi_centers",
+_ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
+    "RENYI_PARKING_CONSTANT", "ROWS", "SINK_EPS", "AtlasPrediction", "Clusters",
+    "Lemma51Bound", "ObservedConfiguration", "RemarkB2Check", "Theorem52Check",
+    "angular_distance", "attention_to_first", "battery", "cap_mass", "classify_configuration",
+    "cluster_count", "cluster_count_at", "cluster_counts", "clusters", "consumed_fraction",
+    "cosine_to_first", "default_cluster_tol", "distance_to_subspace", "effective_rank",
+    "energy", "equiangular_rhs", "equiangular_start", "expected_renyi_centers_circle",
+    "expected_strong_centers", "g", "h", "k_star", "kuramoto_order", "lemma51_bound",
+    "log_energy", "massive_activation", "mean_pairwise_cosine", "noise_threshold",
+    "norm_spread", "output_correlation", "output_correlation_limit", "predict_configuration",
+    "remark_b2_conditions", "renyi_center_count", "renyi_centers", "renyi_parking_mean",
+    "self_weight", "sink_rate", "spanning_tree", "strong_renyi_center_count",
     "strong_renyi_centers", "tau_beta", "theorem52_conditions", "theorem52_max_N",
-    "theorem52_min_beta", "angular_distance", "attention_to_first", "battery",
-    "cluster_count_at", "cosine_to_first", "effective_rank", "massive_activation",
-    "mean_pairwise_cosine", "norm_spread", "renyi_center_count", "sink_rate",
-    "strong_renyi_center_count",
+    "theorem52_min_beta", "uniform_fluctuation",
 )
 _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},
@@ -52,12 +56,13 @@ from attnflow.family import (  # noqa: E402
     Stack,
 )
 from attnflow.integrate import NonFiniteStateError  # noqa: E402
+from attnflow.savetimes import log_times  # noqa: E402
 from attnflow.simulate import simulate  # noqa: E402
 from attnflow.trajectory import Trajectory, load  # noqa: E402
 
 __all__ = ["__version__", "MLP", "ALiBi", "Attention", "Block", "BrownianPath", "LayerNorm",
            "NonFiniteStateError", "ProjectionBias", "QKNorm", "RMSNorm", "RoPE", "Stack",
-           "Trajectory", "load", "simulate", *sorted(_EXPORTS), *_SUBMODULES]
+           "Trajectory", "load", "log_times", "simulate", *sorted(_EXPORTS), *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:

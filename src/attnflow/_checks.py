@@ -66,9 +66,12 @@ def square_matrix(name: str, a: Any, d: int | None = None) -> np.ndarray:
 def number(name: str, value: Any, low: float = -np.inf, high: float = np.inf,
            low_open: bool = False, expected: str | None = None) -> float:
     """A finite float in [low, high] (or (low, high] when low_open); `expected` words the
-    error (default "a finite number >= low" or "> low")."""
+    error (default "a finite number >= low" or "> low"). Booleans and strings are refused,
+    though float() would take them (beta=True, beta="25")."""
     if expected is None:
         expected = f"a finite number {'>' if low_open else '>='} {low:g}"
+    if isinstance(value, (bool, np.bool_, str, bytes)):  # float() takes them; not numbers
+        raise fail(name, expected, repr(value))
     try:
         v = float(value)
     except (TypeError, ValueError) as err:

@@ -58,6 +58,7 @@ from attnflow.errors import NonFiniteStateError
 from attnflow.implicit import IMPLICIT, solve_implicit
 from attnflow.manifolds import SPHERE, Manifold, as_manifold
 from attnflow.parallel import parallel_ranges
+from attnflow.savetimes import as_times
 from attnflow.sphere import compiled_width, exp_map, inner, normalize, project
 
 Field = Callable[[np.ndarray], np.ndarray]
@@ -533,7 +534,9 @@ def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
 def check_solver_args(
     method: Any, t_end: Any, save_at: Any, dt: Any, rtol: Any, atol: Any
 ) -> tuple[float, np.ndarray, float | None, float | None, float | None]:
-    """Validate the integration arguments; return (t_end, save times, dt, rtol, atol)."""
+    """Validate the integration arguments; return (t_end, save times, dt, rtol, atol).
+    save_at: times, None for `attnflow.savetimes.default_times`, or a text form ("log",
+    "log:NUM", "linspace:START:STOP:NUM", "t1,t2,...", "default")."""
     if method not in METHODS:
         raise fail("method", f"one of {METHODS}", repr(method))
     t_end = nonnegative("t_end", t_end)
@@ -546,16 +549,12 @@ def check_solver_args(
     if method in FIXED_STEP and (rtol is not None or atol is not None):
         raise fail("rtol/atol", f"None for the fixed-step method {method!r} (use dt)",
                    f"rtol={rtol}, atol={atol}")
-    if save_at is None:
-        save = np.linspace(0.0, t_end, 101) if t_end > 0 else np.zeros(1)
-    else:
-        save = finite_array("save_at", save_at, dtype=float)
-        save = np.atleast_1d(save)
-        if save.ndim != 1 or save.size == 0:
-            raise fail("save_at", "a non-empty 1-d list of times", describe(save))
-        if np.any(np.diff(save) <= 0) or save[0] < 0 or save[-1] > t_end * (1 + 1e-12):
-            raise fail("save_at", f"strictly increasing times in [0, t_end = {t_end}]",
-                       describe(save) + f" from {save[0]} to {save[-1]}")
+    save = np.atleast_1d(finite_array("save_at", as_times(save_at, t_end), dtype=float))
+    if save.ndim != 1 or save.size == 0:
+        raise fail("save_at", "a non-empty 1-d list of times", describe(save))
+    if np.any(np.diff(save) <= 0) or save[0] < 0 or save[-1] > t_end * (1 + 1e-12):
+        raise fail("save_at", f"strictly increasing times in [0, t_end = {t_end}]",
+                   describe(save) + f" from {save[0]} to {save[-1]}")
     if save[-1] < t_end:
         save = np.append(save, t_end)
     return t_end, save, dt, rtol, atol

@@ -17,6 +17,7 @@ from attnflow.implicit import IMPLICIT
 from attnflow.integrate import NOISY, Drift, Noise, check_solver_args, integrate
 from attnflow.kernels.fused import tile_runs
 from attnflow.manifolds import SPHERE
+from attnflow.savetimes import is_generated
 from attnflow.sphere import inner
 from attnflow.trajectory import Trajectory
 
@@ -47,8 +48,12 @@ def simulate(
     x0 : (..., n, d) initial tokens; leading axes are independent runs. On the sphere for the
         post-LN and nGPT schemes; any non-zero vectors for pre- and peri-LN (state in R^d).
     t_end : final time >= 0 (one unit of time = one layer).
-    save_at : increasing save times in [0, t_end]; default 101 evenly spaced times from 0 to
-        t_end (with noise: the nearest times on the step grid). t_end is always saved.
+    save_at : increasing save times in [0, t_end], or "log" (0 and 100 log-spaced times from
+        0.01, `attnflow.log_times`), "log:NUM", "linspace:START:STOP:NUM". Default: 101
+        evenly spaced times from 0 to t_end, with log-spaced ones inside the first interval
+        when it is longer than 0.1, so a long run's early dynamics are resolved
+        (`attnflow.savetimes.default_times`; t_end = 150: 123 times). With noise, generated
+        times move to the nearest times on the step grid. t_end is always saved.
     method : "rk4" (default), "euler", "geodesic", "dopri5", or the implicit "bdf", "radau",
         "lsoda" for long horizons (see `attnflow.integrate`; these solve run by run with
         the model's exact Jacobian where it has one, finite differences otherwise).
@@ -99,7 +104,7 @@ def simulate(
             raise fail("seed", "an int with noise (the key of the Brownian path)", "None")
         dt = 0.05 if dt is None else dt
         level = _refinement_level(dt, brownian_dt)
-        times = _on_grid(times, dt, save_at is None, [b for _, b, _ in pieces])
+        times = _on_grid(times, dt, is_generated(save_at), [b for _, b, _ in pieces])
         runs = int(np.prod(x0.shape[:-2], dtype=int))
         path = BrownianPath(seed, runs, x0.shape[-2:], dt * 2**level)
     with progress_bar(progress, t_end, "simulating",

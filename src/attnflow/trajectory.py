@@ -16,6 +16,7 @@ import numpy as np
 
 from attnflow._checks import fail
 from attnflow._files import atomic_path, consolidating
+from attnflow._repr import Plain, ShortRepr
 from attnflow.family import Model, model_from_record
 from attnflow.manifolds import SPHERE, directions
 
@@ -27,9 +28,10 @@ __all__ = ["Trajectory", "load"]
 FORMATS = {".nc": "netcdf", ".zarr": "zarr"}
 
 
-@dataclass
-class Trajectory:
-    """Saved states of a batch of runs and the record of the run.
+@dataclass(repr=False)
+class Trajectory(ShortRepr):
+    """Saved states of a batch of runs and the record of the run (its repr is short: sizes,
+    times, model and method; notebooks show it as a small table).
 
     Attributes
     ----------
@@ -56,6 +58,14 @@ class Trajectory:
     wall_time: float = 0.0
     version: str = field(default_factory=lambda: _version())
     commit: str | None = field(default_factory=lambda: _commit())
+
+    def _summary(self) -> dict[str, Any]:
+        """What the short repr shows: sizes, the times, the model and how it was run."""
+        t = self.times
+        return {"runs": int(np.prod(self.batch_shape)), "n": self.n, "d": self.d,
+                "times": Plain(f"{t.size} from {t[0]:g} to {t[-1]:g}" if t.size else "none"),
+                "model": self.model, "method": self.integrator.get("method"),
+                "n_evals": self.n_evals, "seed": self.seed}
 
     @property
     def batch_shape(self) -> tuple[int, ...]:

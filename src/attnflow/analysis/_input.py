@@ -10,8 +10,30 @@ from attnflow._checks import describe, fail, finite_array, number
 from attnflow.manifolds import sphere_tolerance
 
 
+def is_run(X: Any) -> bool:
+    """Whether X is a run (a `Trajectory`, recognised by its `times` and `directions`: the
+    analysis imports no Trajectory, by the layering)."""
+    return hasattr(X, "times") and hasattr(X, "directions") and hasattr(X, "states")
+
+
+def run_states(name: str, X: Any, directions: bool = True, ndim: int | None = None) -> Any:
+    """A run's states (T, ..., n, d) (its token `directions` when `directions`, what clusters
+    and Rényi centers measure; the raw states otherwise); any other X unchanged. A function
+    of one configuration (`ndim` 2) given a run says which configuration to pass."""
+    if not is_run(X):
+        return X
+    states = X.directions if directions else X.states
+    if ndim is not None and states.ndim != ndim:
+        raise fail(name, f"an array with {ndim} dimensions (one configuration (n, d): pass "
+                   "traj.final or traj.at(t) of a Trajectory)",
+                   f"a Trajectory of states of shape {states.shape}")
+    return states
+
+
 def sphere_points(name: str, X: Any, ndim: int | None = None, min_ndim: int = 2) -> np.ndarray:
-    """A finite float array of points on the unit sphere, shape (..., n, d) with d >= 2."""
+    """A finite float array of points on the unit sphere, shape (..., n, d) with d >= 2; a
+    Trajectory counts as its token directions (T, ..., n, d) (`run_states`)."""
+    X = run_states(name, X, ndim=ndim)
     raw = finite_array(name, X, ndim=ndim, min_ndim=None if ndim is not None else min_ndim)
     # the one tolerance of "on the sphere", for the dtype the points were computed in
     tol = sphere_tolerance(raw.dtype if raw.dtype.kind == "f" else np.float64)

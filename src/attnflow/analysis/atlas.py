@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import describe, fail, finite_array, positive, square_matrix
+from attnflow._repr import ShortRepr
 from attnflow.analysis._input import radius, sphere_points
 from attnflow.analysis.clusters import clusters
 from attnflow.sphere import geodesic_distance, normalize
@@ -54,8 +55,8 @@ ROWS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class AtlasPrediction:
+@dataclass(frozen=True, repr=False)
+class AtlasPrediction(ShortRepr):
     """The atlas row that V's spectrum selects, and the numbers behind it.
 
     Attributes
@@ -84,8 +85,8 @@ class AtlasPrediction:
     point: np.ndarray | None
 
 
-@dataclass(frozen=True)
-class ObservedConfiguration:
+@dataclass(frozen=True, repr=False)
+class ObservedConfiguration(ShortRepr):
     """What a final configuration looks like, and the numbers behind the verdict.
 
     Attributes

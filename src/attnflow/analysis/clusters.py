@@ -21,6 +21,8 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from attnflow._checks import fail
+from attnflow._repr import ShortRepr
 from attnflow.analysis._input import radius, sphere_points
 from attnflow.sphere import geodesic_distance, normalize
 
@@ -40,8 +42,8 @@ def default_cluster_tol(beta: float) -> float:
     return min(float(np.pi), 0.25 * beta ** -0.5) if beta > 0 else 1e-2
 
 
-@dataclass(frozen=True)
-class Clusters:
+@dataclass(frozen=True, repr=False)
+class Clusters(ShortRepr):
     """Single-linkage clusters of one configuration of n tokens in R^d.
 
     Attributes
@@ -66,7 +68,8 @@ class Clusters:
 def spanning_tree(X: Any) -> tuple[np.ndarray, np.ndarray]:
     """A minimum spanning tree of the tokens for the geodesic distance.
 
-    X : (..., n, d) points on the unit sphere; leading axes are independent configurations.
+    X : (..., n, d) points on the unit sphere; leading axes are independent configurations
+        (a Trajectory: its token directions (T, ..., n, d)).
 
     Returns (parent, length): parent (..., n) int, the tree neighbour through which token j
     joined the tree (parent[..., 0] = 0: token 0 is the root), and length (..., n) the
@@ -134,22 +137,53 @@ def _prim(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return parent, length
 
 
-def cluster_count(X: Any, tol: float) -> np.ndarray:
-    """Number of single-linkage clusters at geodesic tolerance ``tol`` (radians).
+def cluster_count(X: Any, tol: float, min_size: int = 1) -> np.ndarray:
+    """Number of single-linkage clusters at geodesic tolerance ``tol`` (radians) with at
+    least ``min_size`` tokens.
 
     X : (..., n, d) points on the unit sphere; leading axes are independent configurations.
+        A Trajectory counts as its token directions (T, ..., n, d).
+    tol : the linkage tolerance in radians, in [0, pi].
+    min_size : the fewest tokens a cluster needs to be counted (an integer >= 1). The
+        default 1 counts every cluster, a lone straggler included; min_size = 2 or more
+        leaves stragglers out. Single linkage chains: uniform tokens closer than tol to
+        their neighbours are one cluster (at t = 0 for dense tokens), whatever min_size.
     Returns an int array of shape (...) (a 0-d array for one configuration).
     """
     tol = radius("tol", tol)
-    _, length = spanning_tree(X)
-    return 1 + np.count_nonzero(length[..., 1:] > tol, axis=-1)
+    if isinstance(min_size, (bool, np.bool_)) or not isinstance(min_size, (int, np.integer)) \
+            or min_size < 1:
+        raise fail("min_size", "an integer >= 1 (tokens in a counted cluster)", repr(min_size))
+    parent, length = spanning_tree(X)
+    if min_size == 1:
+        return 1 + np.count_nonzero(length[..., 1:] > tol, axis=-1)
+    return _large_clusters(parent, length <= tol, int(min_size))
 
 
-def cluster_counts(traj: Any, tol: float) -> np.ndarray:
+def _large_clusters(parent: np.ndarray, keep: np.ndarray, min_size: int) -> np.ndarray:
+    """Per configuration, the clusters of at least min_size tokens left by the tree edges
+    (j, parent[j]) that `keep` (..., n) keeps: one sparse graph of every configuration's
+    tokens, block by block, and its connected components."""
+    batch, n = parent.shape[:-1], parent.shape[-1]
+    parent, keep = parent.reshape(-1, n), keep.reshape(-1, n)
+    keep[:, 0] = False  # token 0 is the root, parent[0] = 0: no edge
+    offset = (np.arange(len(parent)) * n)[:, None]
+    j = (np.arange(n)[None, :] + offset)[keep]
+    graph = coo_matrix((np.ones(len(j)), (j, (parent + offset)[keep])),
+                       shape=(parent.size, parent.size))
+    _, labels = connected_components(graph, directed=False)
+    sizes = np.bincount(labels)
+    roots = np.zeros(sizes.size, dtype=np.intp)  # each component's configuration
+    roots[labels] = np.repeat(np.arange(len(parent)), n)
+    large = sizes >= min_size
+    return np.bincount(roots[large], minlength=len(parent)).reshape(batch)
+
+
+def cluster_counts(traj: Any, tol: float, min_size: int = 1) -> np.ndarray:
     """Cluster count at every saved time of a Trajectory: shape (T, ...) for states
-    (T, ..., n, d). ``traj`` may also be the states array itself. See `cluster_count`."""
-    states = getattr(traj, "states", traj)
-    return cluster_count(states, tol)
+    (T, ..., n, d). ``traj`` may also be the states array itself; the same as
+    `cluster_count`, which takes a Trajectory too."""
+    return cluster_count(traj, tol, min_size)
 
 
 def clusters(X: Any, tol: float) -> Clusters:

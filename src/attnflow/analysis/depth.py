@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import describe, fail, finite_array, number
+from attnflow.analysis._input import run_states
 from attnflow.analysis.clusters import cluster_count
 from attnflow.analysis.renyi import renyi_centers, strong_renyi_centers
 
@@ -46,8 +47,9 @@ SINK_EPS = 0.3  # Gu et al. (ICLR 2025): a head is a sink head when alpha_1 > 0.
 
 
 def _tokens(name: str, X: Any, min_n: int = 1) -> np.ndarray:
-    """A finite float array (..., n, d), n >= min_n, d >= 1."""
-    X = finite_array(name, X, min_ndim=2, dtype=float)
+    """A finite float array (..., n, d), n >= min_n, d >= 1; a Trajectory counts as its
+    states (T, ..., n, d)."""
+    X = finite_array(name, run_states(name, X, directions=False), min_ndim=2, dtype=float)
     if X.shape[-2] < min_n or X.shape[-1] < 1:
         raise fail(name, f"tokens of shape (..., n, d) with n >= {min_n} and d >= 1",
                    describe(X))
@@ -119,13 +121,13 @@ def angular_distance(X: Any) -> np.ndarray:
     return (np.arccos(cos) / np.pi).mean(axis=-1)
 
 
-def cluster_count_at(X: Any, tol: float) -> np.ndarray:
-    """(...) int, single-linkage clusters of the directions of X (..., n, d) at geodesic
-    tolerance tol (radians), `attnflow.analysis.cluster_count`."""
+def cluster_count_at(X: Any, tol: float, min_size: int = 1) -> np.ndarray:
+    """(...) int, single-linkage clusters of at least min_size tokens of the directions of X
+    (..., n, d) at geodesic tolerance tol (radians), `attnflow.analysis.cluster_count`."""
     theta = _directions("X", X)
     if theta.shape[-1] < 2:
         raise fail("X", "tokens in R^d with d >= 2", describe(theta))
-    return cluster_count(theta, tol)
+    return cluster_count(theta, tol, min_size)
 
 
 def _center_count(centers: Any, X: Any, delta: float) -> np.ndarray:

@@ -26,6 +26,7 @@ import numpy as np
 from scipy.special import logsumexp
 
 from attnflow._checks import describe, fail, finite_array, positive
+from attnflow.analysis._input import run_states
 
 __all__ = ["energy", "log_energy"]
 
@@ -33,12 +34,13 @@ __all__ = ["energy", "log_energy"]
 def log_energy(X: Any, beta: float, Q: Any = None, K: Any = None) -> np.ndarray:
     """log E_beta(X), computed stably (log-sum-exp of the scores).
 
-    X : (..., n, d) tokens (rows); leading axes are independent configurations.
+    X : (..., n, d) tokens (rows); leading axes are independent configurations (a
+        Trajectory: its token directions (T, ..., n, d)).
     beta : inverse temperature, > 0 (module docstring for beta = 0).
     Q, K : (e, d) query and key matrices, None for the identity (e = d).
     Returns an array of shape (...) (0-d for one configuration).
     """
-    X = finite_array("X", X, min_ndim=2, dtype=float)
+    X = finite_array("X", run_states("X", X), min_ndim=2, dtype=float)
     if X.shape[-1] < 1 or X.shape[-2] < 1:
         raise fail("X", "an array of shape (..., n, d) with n >= 1 and d >= 1", describe(X))
     beta = positive("beta", beta)

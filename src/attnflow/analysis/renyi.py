@@ -147,7 +147,7 @@ def consumed_fraction(states: Any, centers: Any, r: float | None = None) -> np.n
                        None)
         r = min(np.pi, positive("beta", model.beta) ** -0.5)
     r = radius("r", r)
-    states = sphere_points("states", getattr(states, "states", states), ndim=3)
+    states = sphere_points("states", states, ndim=3)
     n = states.shape[1]
     centers = finite_array("centers", centers, ndim=1)
     if not np.issubdtype(centers.dtype, np.integer) or centers.size == 0 \

@@ -32,6 +32,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from attnflow._checks import fail, nonnegative, positive
+from attnflow._repr import ShortRepr
 
 __all__ = [
     "h",
@@ -78,8 +79,8 @@ def tau_beta(beta: Any) -> np.ndarray:
     return np.arctan2(np.sqrt(one_minus_cos * (1.0 + cos)), cos)
 
 
-@dataclass(frozen=True)
-class Lemma51Bound:
+@dataclass(frozen=True, repr=False)
+class Lemma51Bound(ShortRepr):
     """Lemma 5.1 for the j-th strong center (index s_j), in units where one layer = 1.
 
     separation : c (1 + 2 eps) beta^{-1/2}, the distance to every earlier token required.
@@ -113,8 +114,8 @@ def lemma51_bound(beta: float, c: float, eps: float, s: float) -> Lemma51Bound:
                         time=time, time_closed_form=closed)
 
 
-@dataclass(frozen=True)
-class Theorem52Check:
+@dataclass(frozen=True, repr=False)
+class Theorem52Check(ShortRepr):
     """The exact hypotheses of Theorem 5.2 at one (beta, c, eps, N).
 
     separated : c > 2 + 2 eps (the theorem's hypothesis).
@@ -148,8 +149,8 @@ class Theorem52Check:
         return self.separated and self.fits and self.i and self.ii
 
 
-@dataclass(frozen=True)
-class RemarkB2Check:
+@dataclass(frozen=True, repr=False)
+class RemarkB2Check(ShortRepr):
     """Remark B.2's closed-form sufficient conditions at one (beta, c, eps, N).
 
     c_min : 5.5 + 2 eps (need c >= c_min).

@@ -9,7 +9,7 @@ import numpy as np
 import typer
 
 from attnflow._checks import fail
-from attnflow.cli import app
+from attnflow.cli._app import app
 from attnflow.cli._options import output_path, renamed
 
 

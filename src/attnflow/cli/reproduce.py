@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from attnflow.cli import app
+from attnflow.cli._app import app
 
 
 @app.command()
@@ -35,6 +35,7 @@ def reproduce(
     set_: list[str] = typer.Option(None, "--set", help="Override one parameter of one recipe, "
                                    "RECIPE.KEY=VALUE with VALUE in JSON (e.g. --set fig2.n=40 "
                                    "--set 'fig2.snapshots=[0,10]'); repeatable."),
+    progress: bool = typer.Option(True, help="Show a progress bar per recipe."),
 ) -> None:
     """Run the reproduction recipes; write per-recipe figures and JSON, and
     OUT/report.md + OUT/report.html led by a claims table.
@@ -82,8 +83,8 @@ def reproduce(
         overrides.setdefault(name, {})[key] = value
     columns = (TextColumn("{task.description:16}"), BarColumn(), TextColumn(
         "{task.percentage:>3.0f}%"), TimeElapsedColumn())
-    with Progress(*columns, console=console) as bar:
-        def progress(name: str):
+    with Progress(*columns, console=console, disable=not progress) as bar:
+        def track(name: str):
             task = bar.add_task(name, total=1.0)
             return lambda fraction: bar.update(task, completed=fraction)
 
@@ -92,7 +93,7 @@ def reproduce(
                 bar.add_task(f"{name} (reused)", total=1.0, completed=1.0)
 
         run(chosen, size=size, out=out, seed=seed, force=force, overrides=overrides,
-            progress=progress, on_start=on_start, suite=suite)
+            progress=track, on_start=on_start, suite=suite)
     results = load_results(out)
     md, html = write_report(results, out)
     table = Table("recipe", "claim", "measured", "criterion", "verdict", show_lines=False)

@@ -16,7 +16,7 @@ import numpy as np
 import typer
 
 from attnflow._checks import fail, nonnegative, number
-from attnflow.cli import app
+from attnflow.cli._app import app
 from attnflow.cli._options import given, output_path, renamed, unused
 from attnflow.family.stack import segments
 from attnflow.family.text import (
@@ -29,6 +29,7 @@ from attnflow.family.text import (
 from attnflow.integrate import METHODS, NOISY, check_solver_args
 from attnflow.kernels.masks import mask_from_text
 from attnflow.presets import SPEC_HELP, matrix_from_spec
+from attnflow.savetimes import TEXT_HELP as SAVE_HELP
 from attnflow.trajectory import FORMATS
 
 Method = Enum("Method", {name: name for name in METHODS}, type=str)
@@ -37,20 +38,6 @@ Method = Enum("Method", {name: name for name in METHODS}, type=str)
 class DType(str, Enum):
     float64 = "float64"
     float32 = "float32"
-
-
-def parse_times(text: str | None) -> np.ndarray | None:
-    """'0,10,75,150' or 'linspace:START:STOP:NUM'."""
-    if text is None:
-        return None
-    try:
-        if text.startswith("linspace:"):
-            start, stop, num = text.split(":")[1:]
-            return np.linspace(float(start), float(stop), int(num))
-        return np.array([float(v) for v in text.split(",")])
-    except ValueError:
-        raise fail("--save-at", "comma-separated times or linspace:START:STOP:NUM",
-                   repr(text)) from None
 
 
 def flag(name: str) -> str:
@@ -104,8 +91,10 @@ def simulate(
     atol: float = typer.Option(None, help="Absolute tolerance of the adaptive methods "
                                "(default 1e-9)."),
     t_end: float = typer.Option(150.0, min=0.0, help="Final time (one unit = one layer)."),
-    save_at: str = typer.Option(None, help="Save times: 't1,t2,...' or linspace:START:STOP:NUM "
-                                "(default 101 times from 0 to t_end)."),
+    save_at: str = typer.Option(None, help=f"Save times: {SAVE_HELP} (default: 101 evenly "
+                                "spaced from 0 to t_end, log-spaced inside the first interval "
+                                "when it is longer than 0.1; log: 0 and 100 log-spaced times "
+                                "from 0.01)."),
     seed: int = typer.Option(0, help="Seed of the initial tokens (uniform on the sphere) and of "
                              "random matrix presets without their own seed."),
     dtype: DType = typer.Option(DType.float64, help="Floating-point type of the tokens."),
@@ -146,7 +135,7 @@ def simulate(
         beta = 1.0 if beta is None else beta
         with renamed(**SOLVER_OPTIONS):
             output_path("--out", out, sorted(FORMATS))
-            check_solver_args(method.value, t_end, parse_times(save_at), dt, rtol, atol)
+            check_solver_args(method.value, t_end, save_at, dt, rtol, atol)
             nonnegative("beta", beta)
             if cluster_tol is not None:
                 radius("cluster_tol", cluster_tol)
@@ -154,7 +143,7 @@ def simulate(
 
         return simulate_from_model(from_model, layer, head, text, token_ids, out, cluster_tol,
                                    beta=beta, t_end=t_end, method=method.value, dt=dt,
-                                   rtol=rtol, atol=atol, save_at=parse_times(save_at),
+                                   rtol=rtol, atol=atol, save_at=save_at,
                                    progress=progress)
     unused(given(ctx, layer="--layer", head="--head", text="--text", token_ids="--token-ids"),
            "without --from-model")
@@ -188,7 +177,7 @@ class Setup:
     model: Any  # attnflow.Attention
     x0: np.ndarray  # (n, d) or (batch, n, d)
     t_end: float
-    save_at: np.ndarray | None
+    save_at: str | None  # its text form (attnflow.savetimes), checked
     method: str
     dt: float | None
     rtol: float | None
@@ -213,11 +202,10 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
     from attnflow.sphere import uniform
 
     output_path("--out", out, sorted(FORMATS))
-    times = parse_times(save_at)
     with renamed(**SOLVER_OPTIONS, seed="--seed", mask="--mask", Q="--Q", K="--K", V="--V",
                  noise="--noise", alpha="--alpha", bias="--bias",
                  **{k: flag(k) for k in option_names()}):
-        check_solver_args(method, t_end, times, dt, rtol, atol)
+        check_solver_args(method, t_end, save_at, dt, rtol, atol)
         seed = check_seed(seed)
         tol = radius("cluster_tol", cluster_tol) if cluster_tol is not None else \
             default_cluster_tol(nonnegative("beta", beta))
@@ -242,7 +230,7 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
             if method not in NOISY:
                 raise fail("method", f"one of {', '.join(NOISY)} with --noise", repr(method))
     x0 = uniform((batch, n) if batch > 1 else n, d, seed).astype(dtype)
-    return Setup(model=model, x0=x0, t_end=t_end, save_at=times, method=method, dt=dt,
+    return Setup(model=model, x0=x0, t_end=t_end, save_at=save_at, method=method, dt=dt,
                  rtol=rtol, atol=atol, seed=seed, cluster_tol=tol, out=out, noise=noise)
 
 

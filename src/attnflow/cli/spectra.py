@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from attnflow.cli import app
+from attnflow.cli._app import app
 
 
 def parse_layers(text: str | None) -> list[int] | None:

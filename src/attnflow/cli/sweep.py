@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from attnflow.cli import app, fail_line
+from attnflow.cli._app import app, fail_line
 from attnflow.cli._options import output_path, renamed
 
 
@@ -29,7 +29,7 @@ def sweep(
 
     Rerunning the same command resumes: finished runs are skipped, the rest computed.
     """
-    from attnflow.sweeps import SweepIncompleteError, load_spec, sweep_status
+    from attnflow.sweeps import SweepIncompleteError, load_spec, nested_note, sweep_status
     from attnflow.sweeps import sweep as run
 
     out = out if out is not None else spec.with_suffix(".zarr")
@@ -49,5 +49,8 @@ def sweep(
     print(f"runs              {parsed.n_runs} ({parsed.n_runs - before} finished before, "
           f"{before} computed now)")
     print(f"done / failed     {counts['done']} / {counts['failed']}")
+    note = nested_note(parsed)
+    if note is not None:
+        print(f"note              {note}")
     print(f"wall time         {wall:.2f} s")
     print(f"written           {out}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from attnflow.cli import app
+from attnflow.cli._app import app
 from attnflow.cli._options import output_path
 
 

@@ -111,7 +111,7 @@ class SelfAttention:
             if not isinstance(head, (tuple, list)) or len(head) not in (3, 4):
                 raise fail(f"heads[{h}]", "a (Q, K, V) triple or a (Q, K, V, O) quadruple",
                            repr(head)[:80])
-        self.d = common_dimension(raw, memory)
+        self.d, self._d_source = common_dimension(raw, memory, single)
         self._stacked = StackedHeads([check_head(head, self.d, None if single else h)
                                       for h, head in enumerate(raw)])
         self.heads: list[tuple[np.ndarray | None, ...]] = self._stacked.heads
@@ -231,8 +231,8 @@ class SelfAttention:
         X = finite_array(name, X, min_ndim=2)
         if not np.issubdtype(X.dtype, np.floating):
             X = X.astype(float)
-        if self.d is not None and X.shape[-1] != self.d:
-            raise fail(name, f"an array of shape (..., n, {self.d})", describe(X))
+        if self.d is not None and X.ndim >= 1 and X.shape[-1] != self.d:
+            raise self._dimension_error(X, name)
         if X.shape[-2] == 0 or X.shape[-1] == 0 or X.size == 0:
             raise fail(name, "at least one token of dimension >= 1", describe(X))
         for Qh, Kh, *_ in self.heads:
@@ -246,6 +246,14 @@ class SelfAttention:
             raise fail(name, f"n = {n} tokens to match the model's (n, n) mask or bias",
                        describe(X))
         return X
+
+    def _dimension_error(self, X: np.ndarray, name: str) -> ValueError:
+        """Tokens of another dimension than the sublayer's d: the error names the array that
+        fixed d (Q, V, memory, ...), since the tokens' d is usually the one meant."""
+        source, shape = self._d_source
+        what = "points" if source == "memory" else "a matrix"
+        return fail(source, f"{what} for d = {X.shape[-1]}, the dimension of {name} (..., n, "
+                    f"{X.shape[-1]})", f"shape {shape}, which makes d = {self.d}")
 
     def kernel_for(self, X: np.ndarray) -> Kernel:
         """The kernel for tokens shaped like X (..., n, d): the backend's, or for "auto" the

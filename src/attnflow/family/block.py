@@ -27,7 +27,7 @@ import numpy as np
 from attnflow._checks import fail
 from attnflow.family.attention import SelfAttention
 from attnflow.family.feedforward import MLP
-from attnflow.family.heads import ProjectionBias, QKNorm
+from attnflow.family.heads import ProjectionBias, QKNorm, common_dimension
 from attnflow.family.jacobian import tangent_jacobian
 from attnflow.family.parts import Part
 from attnflow.family.positional import ALiBi, Encoding, RoPE, ScoreBias, as_alibi, as_rope
@@ -284,13 +284,19 @@ class Attention(Block):
     """One block from flat keyword arguments: its velocity field on the sphere (post-LN, the
     paper's) or in R^d.
 
+    Every option also takes the text form of the command line (``attnflow simulate --help``,
+    `attnflow.family.text`): ``mask="window:5"``, ``attention="sinkhorn:10"``,
+    ``rope="10000:adjacent"``, ``alibi="default"``, ``qk_norm="rms"``, ``norm="ngpt:0.3"``,
+    ``mlp="gelu:64"`` (random weights; d from Q, K or V, which must then be given).
+
     Parameters
     ----------
     Q, K : query and key matrices acting on column vectors, (e, d) with the same head size e
         (the score of (k, j) is beta theta_k^T Q^T K theta_j). None means the identity (e = d).
     V : (d, d) value matrix; None means the identity.
     beta : inverse temperature, >= 0.
-    mask : "causal" (default), "full", ("window", w) or a boolean (n, n) array.
+    mask : "causal" (default), "full", ("window", w) or "window:W", a boolean (n, n) array
+        or the name of an .npy file holding one.
     memory : optional (points (m, d) on the sphere, weights (m,) > 0): fixed tokens every
         token also attends to, each counted with multiplicity a_j (Theorem 5.2 uses a_j >= 1).
     heads : optional list of (Q, K, V) triples or (Q, K, V, O) quadruples for several heads;
@@ -301,19 +307,24 @@ class Attention(Block):
         picks the fastest kernel that has the model's options per call; "dense" is the
         readable reference.
     norm : normalisation scheme: "post" (default; tokens on the sphere), "pre", "peri" (tokens
-        in R^d, radius in the state), "ngpt", or a scheme object (`attnflow.family.schemes`,
-        e.g. ``Pre(RMSNorm(gain, eps))``).
+        in R^d, radius in the state), "ngpt" or "ngpt:ALPHA", or a scheme object
+        (`attnflow.family.schemes`, e.g. ``Pre(RMSNorm(gain, eps))``).
     alpha : nGPT's step (default 0.2), used only with norm="ngpt".
     attention : weight normalisation: "softmax" (default), "unnormalised" (weights
-        exp(score) / N, N = n plus the memory multiplicities) or "sinkhorn" / ("sinkhorn", it)
-        (doubly stochastic by `it` Sinkhorn iterations, default 20; full mask, no memory).
-    rope : rotary position embedding: an `attnflow.RoPE`, a base, or None.
-    alibi : linear score biases: an `attnflow.ALiBi`, a slope, one slope per head, or None.
+        exp(score) / N, N = n plus the memory multiplicities) or "sinkhorn" / "sinkhorn:IT" /
+        ("sinkhorn", it) (doubly stochastic by `it` Sinkhorn iterations, default 20; full
+        mask, no memory).
+    rope : rotary position embedding: an `attnflow.RoPE`, a base, "BASE[:PAIRING[:OFFSET]]",
+        or None.
+    alibi : linear score biases: an `attnflow.ALiBi`, a slope, one slope per head, "default",
+        "S" or "S1,S2,...", or None.
     bias : an additive (n, n) score bias shared by the heads (entries may be -inf), or None.
-    qk_norm : an `attnflow.QKNorm` (RMSNorm of queries and keys per head) or None.
+    qk_norm : an `attnflow.QKNorm` (RMSNorm of queries and keys per head), "rms", "rms:EPS",
+        or None.
     biases : an `attnflow.ProjectionBias` (biases of the q, k, v projections per head and of
         the output; BERT) or None.
-    mlp : an `attnflow.MLP` feed-forward sublayer, or None (attention only, the paper's).
+    mlp : an `attnflow.MLP` feed-forward sublayer, "ACT:WIDTH[:SEED]" (random weights), or
+        None (attention only, the paper's).
     mlp_norm : the MLP's scheme (default: `norm`'s kind, with directions).
     form : "continuous" (default) or "sequential" (module docstring).
     parts : further registered parts (`attnflow.family.PARTS`), e.g. an `Encoding` of a new
@@ -370,6 +381,10 @@ class Attention(Block):
                 biases = _once("biases", biases, None, p)
             elif p.slot == "feedforward":
                 mlp = _once("mlp", mlp, None, p)
+        if isinstance(qk_norm, str):
+            qk_norm = QKNorm.parse(qk_norm, "qk_norm")
+        if isinstance(mlp, str):
+            mlp = MLP.parse(mlp, "mlp", d=common_dimension(raw, memory)[0])
         scheme = make_scheme(norm, alpha) if isinstance(norm, str) else make_scheme(norm)
         sub = SelfAttention(raw, beta=beta, mask=mask, memory=memory, combine=combine,
                             backend=backend, weighting=attention, encodings=encodings,

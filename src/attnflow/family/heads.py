@@ -30,7 +30,8 @@ from attnflow._checks import describe, fail, finite_array, nonnegative, square_m
 from attnflow.family.norms import RMSNorm
 from attnflow.family.parts import Part, register
 
-__all__ = ["Head", "ProjectionBias", "QKNorm", "StackedHeads", "check_head", "common_dimension"]
+__all__ = ["Head", "ProjectionBias", "QKNorm", "StackedHeads", "check_head", "common_dimension",
+           "dimension_sources"]
 
 Head = tuple[Any, ...]
 
@@ -152,7 +153,13 @@ def check_head(head: Head, d: int | None, h: int | None) -> tuple[np.ndarray | N
     for name, m in zip(names[:2], (Q, K)):
         if m is not None and (m.shape[0] == 0 or (d is not None and m.shape[1] != d)):
             raise fail(name, f"an (e, {d}) matrix with e >= 1", describe(m))
-    if len(set(sizes.values()) | ({d} if len(sizes) == 1 else set())) > 1:
+    if len(sizes) == 1 and d is not None and d not in sizes.values():
+        (name, m), = [(n, m) for n, m in zip(names[:2], (Q, K)) if m is not None]
+        other = names[1] if name == names[0] else names[0]
+        raise fail(name, f"a square matrix: {other} is the identity, so the head size e (the "
+                   f"rows) must equal d = {d} (the columns)",
+                   f"{describe(m)}: {m.shape[0]} rows, {m.shape[1]} columns")
+    if len(set(sizes.values())) > 1:
         raise fail(f"{names[0]}, {names[1]}", "one head size e for Q (e, d) and K (e, d) (e = d "
                    "when one of them is the identity)", f"row counts {sizes}")
     return (Q, K, V) if len(mats) == 3 else (Q, K, V, O)
@@ -163,24 +170,42 @@ def _matrix(name: str, m: Any) -> np.ndarray:
     return a if a.dtype.kind == "f" else a.astype(float)
 
 
-def common_dimension(heads: list[Head], memory: Any) -> int | None:
-    """The dimension d fixed by the given matrices or memory (None: any d)."""
-    # Matrices act on column vectors of R^d: d is the column count of Q, K, V (O is (d, f)).
-    dims = {np.shape(m)[-1] for head in heads for m in head[:3]
-            if m is not None and np.ndim(m) >= 1}
-    dims |= {np.shape(head[3])[0] for head in heads
-             if len(head) == 4 and head[3] is not None and np.ndim(head[3]) == 2}
+def dimension_sources(heads: list[Head], memory: Any, single: bool = False
+                      ) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Which given arrays fix the dimension d: name -> (d, shape). Matrices act on column
+    vectors of R^d, so d is the column count of Q, K, V and the row count of O; the memory's
+    points are (m, d). `single`: the one head was given as Q, K, V (names without heads[0].)."""
+    out: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for h, head in enumerate(heads):
+        prefix = "" if single else f"heads[{h}]."
+        for i, (letter, m) in enumerate(zip("QKVO", head)):
+            if m is not None and np.ndim(m) == 2:
+                shape = np.shape(m)
+                out[prefix + letter] = (shape[0] if i == 3 else shape[1], shape)
     if memory is not None:
         try:
             points = np.asarray(memory[0])
         except (TypeError, IndexError) as err:
             raise fail("memory", "a (points, weights) pair", repr(memory)) from err
         if points.ndim == 2:
-            dims.add(points.shape[1])
+            out["memory"] = (points.shape[1], points.shape)
+    return out
+
+
+def common_dimension(heads: list[Head], memory: Any, single: bool = False
+                     ) -> tuple[int | None, tuple[str, tuple[int, ...]] | None]:
+    """The dimension d fixed by the given matrices or memory (None: any d) and the name and
+    shape of the first array that fixes it (`dimension_sources`); arrays that disagree are an
+    error that names each with its d."""
+    sources = dimension_sources(heads, memory, single)
+    dims = {dim for dim, _ in sources.values()}
     if len(dims) > 1:
-        raise fail("Q, K, V, memory", "matrices and memory points of one dimension d",
-                   f"dimensions {sorted(dims)}")
-    return dims.pop() if dims else None
+        raise fail(", ".join(sources), "one dimension d (the columns of Q, K, V, the rows of "
+                   "O, the columns of the memory points)",
+                   ", ".join(f"{name} of shape {shape} (d = {dim})"
+                             for name, (dim, shape) in sources.items()))
+    first = next(iter(sources), None)
+    return (None, None) if first is None else (sources[first][0], (first, sources[first][1]))
 
 
 class StackedHeads:

@@ -247,21 +247,24 @@ class ScoreBias(Encoding):
 
 
 def as_rope(value: Any) -> RoPE | None:
-    """A RoPE from a RoPE, a base (number) or None."""
+    """A RoPE from a RoPE, a base (number), its text form ``BASE[:PAIRING[:OFFSET]]`` or
+    ``none`` (as on the command line) or None."""
     if value is None or isinstance(value, RoPE):
         return value
+    if isinstance(value, str):
+        return RoPE.parse(value, "rope")
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise fail("rope", "an attnflow.RoPE, a base > 0 or None", repr(value))
     return RoPE(base=float(value))
 
 
 def as_alibi(value: Any) -> ALiBi | None:
-    """An ALiBi from an ALiBi, slope(s) or None."""
+    """An ALiBi from an ALiBi, slope(s), its text form (``default``, ``S``, ``S1,S2,...``,
+    ``none``, as on the command line) or None."""
     if value is None or isinstance(value, ALiBi):
         return value
     if isinstance(value, str):
-        raise fail("alibi", "an attnflow.ALiBi, a slope >= 0, a sequence of slopes or None",
-                   repr(value))
+        return ALiBi.parse(value, "alibi")
     return ALiBi(value if np.ndim(value) == 0 else tuple(np.asarray(value, dtype=float)))
 
 

@@ -218,12 +218,14 @@ SCHEMES: dict[str, type[Scheme]] = {cls.kind: cls for cls in (Post, Pre, Peri, N
 
 
 def make_scheme(norm: str | Scheme, alpha: float = 0.2, name: str = "norm") -> Scheme:
-    """The scheme `norm` (an object, or "post", "pre", "peri", "ngpt"); alpha is nGPT's step
-    when `norm` is a name."""
+    """The scheme `norm` (an object, or "post", "pre", "peri", "ngpt", or "ngpt:ALPHA" as on
+    the command line); alpha is nGPT's step when `norm` is the bare name "ngpt"."""
     if isinstance(norm, Scheme):
         if type(norm) is Scheme:
             raise fail(name, "a concrete scheme (Post, Pre, Peri, NGPT)", "the base Scheme")
         return norm
+    if isinstance(norm, str) and ":" in norm:
+        return Scheme.parse(norm, name)
     if not isinstance(norm, str) or norm not in SCHEMES:
         raise fail(name, f"one of {tuple(SCHEMES)} or a Scheme", repr(norm))
     return NGPT(alpha) if norm == "ngpt" else SCHEMES[norm]()

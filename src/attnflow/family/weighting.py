@@ -67,11 +67,12 @@ class Weighting(Part):
 
 
 def as_weighting(attention: Any) -> Weighting:
-    """A Weighting from itself, "softmax", "unnormalised", "sinkhorn" or ("sinkhorn", it)."""
+    """A Weighting from itself, its text form ("softmax", "unnormalised", "sinkhorn",
+    "sinkhorn:IT", as on the command line) or ("sinkhorn", it)."""
     if isinstance(attention, Weighting):
         return attention
-    if isinstance(attention, str) and attention == "sinkhorn":
-        return Weighting("sinkhorn")
+    if isinstance(attention, str):
+        return Weighting.parse(attention, "attention")
     try:
         canonical = options.check_normalization(attention)
     except ValueError:

@@ -5,6 +5,9 @@ A mask spec is one of
 * ``"full"``: every token attends to every token;
 * ``("window", w)``: token k attends to tokens k-w+1..k (causal sliding window, w >= 1);
 * a boolean (n, n) array, entry [k, j] True when token k attends to token j.
+
+The command line's text forms are accepted everywhere too: ``"window:W"`` and ``"FILE.npy"``
+(`mask_from_text`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,10 @@ MaskSpec = Union[str, tuple, np.ndarray]
 
 
 def check_mask(mask: Any) -> MaskSpec:
-    """Validate a mask spec and return its canonical form (see module docstring)."""
+    """Validate a mask spec and return its canonical form (see module docstring); text is
+    read as on the command line (`mask_from_text`)."""
     if isinstance(mask, str):
-        if mask in ("causal", "full"):
-            return mask
-        raise fail("mask", "'causal', 'full', ('window', w) or a boolean (n, n) array", repr(mask))
+        return mask_from_text(mask)
     if isinstance(mask, (tuple, list)) and len(mask) == 2 and mask[0] == "window":
         w = mask[1]
         if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer)) or w < 1:
@@ -52,7 +54,8 @@ def mask_from_text(text: str, name: str = "mask") -> MaskSpec:
             raise fail(name, "a readable .npy file of a boolean (n, n) array",
                        f"{text!r} ({err})") from None
     if text not in ("causal", "full"):
-        raise fail(name, "causal, full, window:W or FILE.npy", repr(text))
+        raise fail(name, "'causal', 'full', 'window:W', FILE.npy, ('window', w) or a boolean "
+                   "(n, n) array", repr(text))
     return text
 
 

@@ -8,6 +8,8 @@ and compose panels. Conventions of the paper's figures (docs/science.md §5):
   a colour map whose lightness increases monotonically, so it survives greyscale printing;
 * final positions are red (Fig. 1); strong Rényi centers are red and Rényi centers black
   (Fig. 2), with delta = 4 beta^{-1/2} (at most pi) by default (docs/science.md §3, §4);
+  being defined by the arrival order, centers are marked (and the index called the arrival
+  order) by default for causal runs only, not for full attention;
 * for d larger than the picture (d > 2 on the circle, d > 3 on the sphere) tokens are
   projected orthogonally onto two or three orthonormal directions: the top principal
   directions of the plotted states (default), eigenvectors of V, or any given directions;

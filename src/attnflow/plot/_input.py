@@ -24,6 +24,15 @@ def _trajectory(traj: Any) -> Trajectory:
     return traj
 
 
+def _causal_marks(traj: Trajectory, centers: bool | None) -> bool:
+    """Whether to draw the causal annotations (Rényi centers, which are defined by arrival
+    order): as asked, or by default for causal runs only (every layer's mask lower
+    triangular), not for full attention."""
+    if centers is not None and not isinstance(centers, (bool, np.bool_)):
+        raise fail("centers", "True, False or None (None: for causal runs only)", repr(centers))
+    return bool(_trajectory(traj).model.is_causal if centers is None else centers)
+
+
 def _runs(traj: Any, raw: bool = False) -> np.ndarray:
     """The trajectory's token directions x / |x| as (T, runs, n, d) (what is drawn: the states
     themselves on the sphere, their directions for pre- and peri-LN runs in R^d), or with

@@ -58,11 +58,13 @@ def _token_colors(n: int) -> np.ndarray:
     return TOKEN_CMAP(np.linspace(0.0, 1.0, n) if n > 1 else np.zeros(1))
 
 
-def _token_colorbar(fig: Figure, axes: list[Axes], n: int, label: str = "") -> None:
-    """A colour bar under the axes that explains the token colours."""
+def _token_colorbar(fig: Figure, axes: list[Axes], n: int, label: str = "",
+                    causal: bool = True) -> None:
+    """A colour bar under the axes that explains the token colours; the index is an arrival
+    order only under a causal mask (a full-attention run's tokens have no order)."""
     sm = mpl.cm.ScalarMappable(Normalize(1, max(n, 2)), TOKEN_CMAP)
     cb = fig.colorbar(sm, ax=axes, location="bottom", shrink=0.6, aspect=30, pad=0.02)
-    cb.set_label(label or "token index k (arrival order)")
+    cb.set_label(label or ("token index k (arrival order)" if causal else "token index k"))
     cb.ax.xaxis.set_major_locator(mpl.ticker.MaxNLocator(5, integer=True))
 
 

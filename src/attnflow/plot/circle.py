@@ -14,6 +14,7 @@ from attnflow._checks import fail
 from attnflow.analysis import Clusters, clusters, renyi_centers, strong_renyi_centers
 from attnflow.plot._input import (
     _beta,
+    _causal_marks,
     _delta,
     _finite,
     _layer,
@@ -41,7 +42,7 @@ def plot_circle(
     *,
     run: int = 0,
     color: str = "index",
-    centers: bool = True,
+    centers: bool | None = None,
     delta: float | None = None,
     centers_from: float | str | None = "start",
     tol: float | None = None,
@@ -64,7 +65,8 @@ def plot_circle(
         with area proportional to the cluster's size.
     centers : mark Rényi centers (black rings) and strong Rényi centers (red dots) of radius
         `delta` (default 4 beta^{-1/2}, at most pi), placed on an outer ring at the angles of
-        the tokens.
+        the tokens. Default None: for causal runs only (centers are defined by the arrival
+        order, which full attention does not have).
     centers_from : the time whose configuration defines the centers: "start" (default, the
         first saved time: centers chosen at arrival and followed by index, as in the paper),
         a time (the nearest saved one), or None to recompute them at each time shown.
@@ -74,7 +76,8 @@ def plot_circle(
         The default `delta` and `tol` take beta from the layer acting at the first time shown
         (for tied weights, the model's beta).
     basis : directions for d > 2 (see `frame`); by default the top principal directions.
-    colorbar : add a colour bar for the token index.
+    colorbar : add a colour bar for the token index (labelled the arrival order for causal
+        runs).
     ax : an Axes, or one Axes per time, to draw into.
     figsize : inches; default one column wide for one snapshot, up to 7.2 in for a row.
     """
@@ -90,6 +93,7 @@ def plot_circle(
     fr = frame(traj, X, 2, basis)
     beta = _beta(traj, times[idx[0]])
     tol = _tol(beta, tol)
+    centers = _causal_marks(traj, centers)
     if centers:
         delta = _delta(beta, delta)
         if centers_from is not None:
@@ -144,7 +148,7 @@ def plot_circle(
             fig.suptitle(fr.note)
         if colorbar:
             _token_colorbar(fig, axes, traj.n, "" if color == "index" else
-                            "index of the cluster's first token")
+                            "index of the cluster's first token", traj.model.is_causal)
     return fig
 
 

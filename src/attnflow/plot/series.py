@@ -15,6 +15,7 @@ from attnflow._checks import fail
 from attnflow.analysis import cluster_count, renyi_centers, strong_renyi_centers
 from attnflow.plot._input import (
     _beta,
+    _causal_marks,
     _delta,
     _finite,
     _states,
@@ -45,9 +46,10 @@ def _positive_times(times: np.ndarray, t_range: Any) -> np.ndarray:
     return idx
 
 
-def _series(traj: Trajectory, run: int | None, t_range: Any, tol: float, delta: float
-            ) -> dict[str, np.ndarray]:
-    """What `plot_timeseries` draws, each (T', runs) at the selected positive times."""
+def _series(traj: Trajectory, run: int | None, t_range: Any, tol: float, delta: float,
+            centers: bool = True) -> dict[str, np.ndarray]:
+    """What `plot_timeseries` draws, each (T', runs) at the selected positive times (the
+    center counts only with `centers`)."""
     X = _states(traj, run)
     X = X if run is None else X[:, None]
     times = traj.times
@@ -55,15 +57,13 @@ def _series(traj: Trajectory, run: int | None, t_range: Any, tol: float, delta: 
     start = _finite("traj", X[:1, :, :1], times[:1])  # x_1(0) of each run, (1, runs, 1, d)
     X = _finite("traj", X[idx], times[idx])
     shape = X.shape[:2]
-    return {
-        "t": times[idx],
-        "clusters": np.asarray(cluster_count(X, tol)),
-        "renyi": np.array([len(renyi_centers(x, delta)) for x in X.reshape(-1, *X.shape[2:])]
-                          ).reshape(shape),
-        "strong": np.array([len(strong_renyi_centers(x, delta))
-                            for x in X.reshape(-1, *X.shape[2:])]).reshape(shape),
-        "spread": geodesic_distance(X, start).max(axis=-1),
-    }
+    out = {"t": times[idx], "clusters": np.asarray(cluster_count(X, tol)),
+           "spread": geodesic_distance(X, start).max(axis=-1)}
+    if centers:
+        configurations = X.reshape(-1, *X.shape[2:])
+        for key, find in (("renyi", renyi_centers), ("strong", strong_renyi_centers)):
+            out[key] = np.array([len(find(x, delta)) for x in configurations]).reshape(shape)
+    return out
 
 
 def plot_timeseries(
@@ -73,6 +73,7 @@ def plot_timeseries(
     t_range: tuple[float, float] | None = None,
     tol: float | None = None,
     delta: float | None = None,
+    centers: bool | None = None,
     ax: Sequence[Axes] | None = None,
     figsize: tuple[float, float] | None = None,
 ) -> Figure:
@@ -81,7 +82,9 @@ def plot_timeseries(
     Top panel: the number of single-linkage clusters at geodesic tolerance tol (default
     beta^{-1/2} / 4; `attnflow.analysis.cluster_count`) and the numbers of Rényi and strong
     Rényi centers of radius delta (default 4 beta^{-1/2}, at most pi) of the configuration at
-    each time (docs/science.md §4). Bottom panel: max_k d(x_k(t), x_1(0)), the largest
+    each time (docs/science.md §4); the centers by default for causal runs only
+    (`centers=None`; they are defined by the arrival order, which full attention does not
+    have). Bottom panel: max_k d(x_k(t), x_1(0)), the largest
     geodesic distance to the first token's start, which tends to 0 when all tokens join
     x_1(0) (Theorem 4.1).
     Meta-stable plateaus show as flat stretches (docs/science.md §3). t = 0 is left out (log axis).
@@ -95,7 +98,8 @@ def plot_timeseries(
     """
     beta = _beta(traj, _trajectory(traj).times[_positive_times(traj.times, t_range)[0]])
     tol, delta = _tol(beta, tol), _delta(beta, delta)
-    data = _series(traj, run, t_range, tol, delta)
+    centers = _causal_marks(traj, centers)
+    data = _series(traj, run, t_range, tol, delta, centers)
     t = data["t"]
     if figsize is None:
         figsize = (COLUMN, 3.8)
@@ -105,7 +109,8 @@ def plot_timeseries(
                  ("renyi", f"Rényi centers (δ = {delta:.2g})", "0.45", "--"),
                  ("strong", f"strong Rényi centers (δ = {delta:.2g})", RED, ":"))
         for key, label, color, ls in lines:
-            _band(top, t, data[key], label, color, ls)
+            if key in data:
+                _band(top, t, data[key], label, color, ls)
         top.set_yscale("log")
         _plain_log(top.yaxis, (1, 2, 3, 5))
         top.set_ylim(bottom=0.8)  # counts are >= 1: keep 1, 2, 3, 5 in view
@@ -184,5 +189,5 @@ def plot_angles(
         a.set_ylabel(r"$\varphi_k(t) - \varphi_1(0)$  (π ≡ −π)")
         _pi_axis(a.yaxis)
         if colorbar:
-            _token_colorbar(fig, [a], traj.n)
+            _token_colorbar(fig, [a], traj.n, causal=traj.model.is_causal)
     return fig

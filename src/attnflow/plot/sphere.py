@@ -109,7 +109,8 @@ def plot_sphere(
     run : which run of a batch.
     view : (elevation, azimuth) of the viewer in degrees.
     basis : directions for d > 3 (see `frame`).
-    colorbar : add a colour bar for the token index.
+    colorbar : add a colour bar for the token index (labelled the arrival order for causal
+        runs).
     ax : an Axes to draw into.
     figsize : inches; default one column wide.
     """
@@ -150,5 +151,5 @@ def plot_sphere(
                 lb if lb.startswith(nm) else f"{nm}: {lb}" for nm, lb in zip(fr.names, fr.labels)),
                 fontsize=7)
         if colorbar:
-            _token_colorbar(fig, [a], traj.n)
+            _token_colorbar(fig, [a], traj.n, causal=traj.model.is_causal)
     return fig

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import describe, fail
+from attnflow._repr import ShortRepr
 
 __all__ = ["LAYOUTS", "AttentionLayer", "Checkpoint", "EncoderBlock", "distinct_layers",
            "load_layers"]
@@ -72,8 +73,8 @@ _ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert")
 HF_INITIALIZER_RANGE = 0.02  # Hugging Face's default `initializer_range` for these models
 
 
-@dataclass(frozen=True)
-class AttentionLayer:
+@dataclass(frozen=True, repr=False)
+class AttentionLayer(ShortRepr):
     """The per-head attention weights of one layer (float64, see the module docstring).
 
     Attributes
@@ -121,8 +122,8 @@ class AttentionLayer:
         return self.W_Q[head].T @ self.W_K[head] / np.sqrt(self.d_head)
 
 
-@dataclass(frozen=True)
-class EncoderBlock:
+@dataclass(frozen=True, repr=False)
+class EncoderBlock(ShortRepr):
     """Every weight of one BERT-layout encoder layer (float64), whose computation on the
     hidden states x (n, d) is
 

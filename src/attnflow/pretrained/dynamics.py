@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import fail
+from attnflow._repr import ShortRepr
 from attnflow.analysis.atlas import (
     AtlasPrediction,
     ObservedConfiguration,
@@ -76,8 +77,8 @@ def tokens_from_text(model_dir: str | Path | Checkpoint, text: str) -> np.ndarra
     return tokens_from_ids(ckpt, ckpt.token_ids(text))
 
 
-@dataclass(frozen=True)
-class PretrainedDynamics:
+@dataclass(frozen=True, repr=False)
+class PretrainedDynamics(ShortRepr):
     """Dynamics of one layer of a pretrained model from the embedding of a text.
 
     Attributes

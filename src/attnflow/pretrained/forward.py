@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import fail
+from attnflow._repr import ShortRepr
 from attnflow.family import RMSNorm, Stack
 from attnflow.integrate import euler_step
 from attnflow.pretrained.build import idealised_stack, model_stack
@@ -37,8 +38,8 @@ LOGITS = ("all", "last", "none")
 attention_stack = idealised_stack  # the name recipes and scripts know
 
 
-@dataclass(frozen=True)
-class ForwardPass:
+@dataclass(frozen=True, repr=False)
+class ForwardPass(ShortRepr):
     """What one forward pass computed.
 
     token_ids : (n,) the input. positions : (n,) the positions RoPE used.

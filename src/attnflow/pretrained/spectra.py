@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import as_generator
+from attnflow._repr import ShortRepr
 from attnflow.pretrained.checkpoint import AttentionLayer, Checkpoint, load_layers
 
 __all__ = [
@@ -51,8 +52,8 @@ __all__ = [
 REAL_TOL = 1e-9  # |Im lambda| <= REAL_TOL * spectral radius counts as real
 
 
-@dataclass(frozen=True)
-class HeadSpectrum:
+@dataclass(frozen=True, repr=False)
+class HeadSpectrum(ShortRepr):
     """Spectra of one head.
 
     Attributes

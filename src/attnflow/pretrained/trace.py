@@ -13,8 +13,20 @@ and dimension names; no batch axis):
 with coordinates pos, d_model, head_index, query_pos, key_pos (0-based integers), the token
 strings in the attribute ``str_tokens`` (a JSON list; Zarr 3 has no stable string type), and
 the caller's description (model, text, notes) in ``attnflow_trace`` (JSON). Values keep their
-dtype, so `load_trace(save_trace(ds, path))` is bit-identical to ds. `stacked` gives back the
-(L, ...) arrays that the `attnflow.analysis.depth` battery reads.
+dtype, so `load_trace(save_trace(ds, path))` is bit-identical to ds.
+
+A layer axis in one call, beside the per-layer names (TransformerLens's `ActivationCache`
+methods of the same names):
+
+    accumulated_resid(ds)          (layer, pos, d_model)  the residual stream entering each
+                                   layer 0..L-1, then leaving the last (layer L): L + 1 entries
+    stack_activation(ds, hook)     (layer, ...)  one hook over the layers, labelled
+    stacked(ds, hook)              the same as a numpy array (what `attnflow.analysis.battery`
+                                   reads)
+
+A trace made by `trace_dataset` or read by `load_trace` also has them as methods of its
+``attnflow`` accessor: ``ds.attnflow.accumulated_resid()``, ``ds.attnflow.stack_activation(
+"attn.hook_pattern")``.
 """
 
 from __future__ import annotations
@@ -30,8 +42,8 @@ import numpy as np
 from attnflow._checks import describe, fail, finite_array
 from attnflow._files import atomic_path, consolidating
 
-__all__ = ["HOOKS", "hook_name", "load_trace", "save_trace", "stacked", "trace",
-           "trace_dataset"]
+__all__ = ["HOOKS", "accumulated_resid", "hook_name", "load_trace", "save_trace",
+           "stack_activation", "stacked", "trace", "trace_dataset"]
 
 HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_pattern")
 _DIMS = {"hook_resid_pre": ("pos", "d_model"), "hook_resid_mid": ("pos", "d_model"),
@@ -106,6 +118,7 @@ def trace_dataset(resid_pre: Any, resid_post: Any, token_ids: Sequence[int], *,
     if pattern is not None:
         H = arrays["attn.hook_pattern"].shape[1]
         coords.update(head_index=np.arange(H), query_pos=np.arange(n), key_pos=np.arange(n))
+    _register_accessor()
     return xr.Dataset(data, coords=coords, attrs=out_attrs)
 
 
@@ -137,20 +150,66 @@ def load_trace(path: str | os.PathLike) -> Any:
                    f"{path}, which cannot be read ({type(err).__name__})") from None
     if "attnflow_trace" not in ds.attrs or "tokens" not in ds:
         raise fail("path", "a trace written by save_trace", f"{path}, another dataset")
+    _register_accessor()
     return ds
 
 
-def stacked(ds: Any, hook: str) -> np.ndarray:
-    """The (L, ...) array of `hook` (one of HOOKS) over the layers of a trace, e.g.
-    ``stacked(ds, "hook_resid_post")`` (L, n, d) for `attnflow.analysis.battery`."""
+def stack_activation(ds: Any, hook: str) -> Any:
+    """`hook` (one of HOOKS) over the layers of a trace as one `xarray.DataArray` with a
+    leading ``layer`` axis (coordinates 0..L-1), e.g. ``stack_activation(ds,
+    "attn.hook_pattern")`` (layer, head_index, query_pos, key_pos)."""
+    import xarray as xr
+
     if hook not in HOOKS:
         raise fail("hook", f"one of {HOOKS}", repr(hook))
     layers = []
     while hook_name(len(layers), hook) in ds:
-        layers.append(ds[hook_name(len(layers), hook)].values)
+        layers.append(ds[hook_name(len(layers), hook)])
     if not layers:
         raise fail("hook", f"a hook recorded in this trace ({hook!r} is not)", repr(hook))
-    return np.stack(layers)
+    out = xr.concat(layers, dim="layer", coords="minimal", compat="override")
+    return out.assign_coords(layer=np.arange(len(layers))).rename(hook)
+
+
+def stacked(ds: Any, hook: str) -> np.ndarray:
+    """The (L, ...) numpy array of `stack_activation`, e.g. ``stacked(ds,
+    "hook_resid_post")`` (L, n, d) for `attnflow.analysis.battery`."""
+    return stack_activation(ds, hook).values
+
+
+def accumulated_resid(ds: Any) -> Any:
+    """The residual stream at every depth as one `xarray.DataArray` (layer, pos, d_model) of
+    L + 1 entries: entering layers 0..L-1 (``blocks.{l}.hook_resid_pre``), then leaving the
+    last layer (``blocks.{L-1}.hook_resid_post``) as layer L."""
+    import xarray as xr
+
+    pre = stack_activation(ds, "hook_resid_pre")
+    last = stack_activation(ds, "hook_resid_post").isel(layer=[-1])
+    out = xr.concat([pre, last.assign_coords(layer=[pre.sizes["layer"]])], dim="layer")
+    return out.rename("resid")
+
+
+class TraceAccessor:
+    """``ds.attnflow``: the layer-axis views of a trace (module docstring)."""
+
+    def __init__(self, ds: Any) -> None:
+        self._ds = ds
+
+    def accumulated_resid(self) -> Any:
+        """`accumulated_resid` of this trace: (layer, pos, d_model), L + 1 layers."""
+        return accumulated_resid(self._ds)
+
+    def stack_activation(self, hook: str) -> Any:
+        """`stack_activation` of this trace: (layer, ...)."""
+        return stack_activation(self._ds, hook)
+
+
+def _register_accessor() -> None:
+    """Make ``ds.attnflow`` available on xarray Datasets (once)."""
+    import xarray as xr
+
+    if not hasattr(xr.Dataset, "attnflow"):
+        xr.register_dataset_accessor("attnflow")(TraceAccessor)
 
 
 def trace(model: Any, text: str | None = None, token_ids: Sequence[int] | None = None,

@@ -30,7 +30,7 @@ The spec (a TOML file, or the same nested mapping in Python)::
     alibi = "none"              #   none | default | S | S1,S2,...
     noise = 0.1                 #   sigma: Euler-Maruyama (method euler or geodesic)
     t_end = 50                  # one number: all runs share the time axis        (required)
-    save_at = [0, 10, 50]       # save times, or a count of evenly spaced times from 0 to t_end
+    save_at = [0, 10, 50]       # save times, a count of evenly spaced times, or "log"
     seeds = 8                   # a count (seeds 0..7) or a list of seed indices  (required)
 
     [keep]
@@ -67,7 +67,13 @@ presets without a seed of their own from ``spawn_key=(s, 1)`` (V), ``(s, 2)`` (Q
 integrated one by one). The stream depends on the seed coordinate only, not on the other grid
 coordinates, the task it lands in, the order of execution or the number of workers: runs that
 differ only in beta (say) start from the same tokens (common random numbers, for paired
-comparisons), and the first n tokens of a run with more tokens are the same points.
+comparisons), and the first n tokens of a run with more tokens are the same points. Under a
+causal mask those tokens then follow the same paths too: a sweep over n holds nested runs
+(the smaller ones prefixes of the larger), not independent ones; its store says so in the
+attribute ``note`` (`tidy.nested_note`), and ``attnflow sweep`` prints it.
+
+**Tables.** `to_dataframe(ds)` (`attnflow.sweeps.tidy`) gives a tidy pandas table, one row
+per (grid point, seed, time), with the constant coordinates in ``df.attrs["constants"]``.
 
 **Tasks.** The runs of one grid point are cut into blocks of `batch` consecutive seeds; a
 block is one task, integrated as one batch (``(batch, n, d)`` arrays) when its runs share
@@ -99,7 +105,7 @@ reruns them), and a killed driver loses nothing that was recorded.
 
 **Modules.** `attnflow.sweeps.axes` (the grid fields: checkers, defaults), `.spec` (the
 spec), `.models` (a run's model), `.metrics`, `.tasks` (what a worker runs), `.store` (the
-Zarr store), `.execute` (schedulers, `sweep`).
+Zarr store), `.execute` (schedulers, `sweep`), `.tidy` (tables, the note on nested runs).
 """
 
 from attnflow.sweeps.execute import SweepIncompleteError, local_cluster, sweep
@@ -107,6 +113,7 @@ from attnflow.sweeps.metrics import METRICS
 from attnflow.sweeps.spec import SweepSpec, load_spec, parse_spec
 from attnflow.sweeps.store import sweep_status
 from attnflow.sweeps.tasks import run_task
+from attnflow.sweeps.tidy import nested_note, to_dataframe
 
 __all__ = [
     "METRICS",
@@ -114,8 +121,10 @@ __all__ = [
     "SweepSpec",
     "load_spec",
     "local_cluster",
+    "nested_note",
     "parse_spec",
     "run_task",
     "sweep",
     "sweep_status",
+    "to_dataframe",
 ]

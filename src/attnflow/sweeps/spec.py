@@ -149,9 +149,10 @@ def parse_spec(raw: Mapping[str, Any], base: str | os.PathLike = ".") -> SweepSp
     save_at = grid.get("save_at")
     if isinstance(save_at, int) and not isinstance(save_at, bool):
         save_at = np.linspace(0.0, t_end, integer(1)("grid.save_at", save_at))
-    elif save_at is not None and (not isinstance(save_at, list)
-                                  or not all(is_number(t) for t in save_at)):
-        raise fail("grid.save_at", "a list of times or a count of times", repr(save_at))
+    elif save_at is not None and not isinstance(save_at, str) and (
+            not isinstance(save_at, list) or not all(is_number(t) for t in save_at)):
+        raise fail("grid.save_at", "a list of times, a count of times or a text form (log, "
+                   "log:NUM, linspace:START:STOP:NUM)", repr(save_at))
     spec = SweepSpec(
         axes=axes, fixed=fixed, t_end=t_end,
         times=tuple(float(t) for t in _save_times(axes, fixed, t_end, save_at)),

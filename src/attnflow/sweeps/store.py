@@ -19,6 +19,7 @@ from attnflow._files import atomic_path, consolidating
 from attnflow.sweeps.metrics import METRICS
 from attnflow.sweeps.spec import SweepSpec
 from attnflow.sweeps.tasks import DONE, FAILED, PENDING, Task, TaskResult
+from attnflow.sweeps.tidy import NOTE_ATTR, nested_note
 
 SPEC_ATTR = "attnflow_sweep"
 MODELS_ATTR = "attnflow_models"  # {path: SHA-256 of the model}, with model files only
@@ -60,6 +61,9 @@ def _layout(spec: SweepSpec) -> xr.Dataset:
              "attnflow_version": _version(), "attnflow_commit": _commit() or "unknown"}
     if spec.models:
         attrs[MODELS_ATTR] = json.dumps(spec.model_digests())
+    note = nested_note(spec)
+    if note is not None:
+        attrs[NOTE_ATTR] = note
     return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
