@@ -36,9 +36,10 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
 _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},
     "sweep": "attnflow.sweeps",
+    "explore_html": "attnflow.explorer",
 }
-_SUBMODULES = ("analysis", "family", "kernels", "manifolds", "plot", "pretrained", "sphere",
-               "sweeps")
+_SUBMODULES = ("analysis", "explorer", "family", "kernels", "manifolds", "plot", "pretrained",
+               "sphere", "sweeps")
 
 # The core is imported eagerly (numpy only). `simulate` must be: the submodule of the same name
 # would otherwise shadow the function once anything imports it.
@@ -83,6 +84,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from attnflow import (  # noqa: F401
         analysis,
+        explorer,
         family,
         kernels,
         manifolds,
@@ -92,4 +94,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         sweeps,
     )
     from attnflow.analysis import *  # noqa: F403
+    from attnflow.explorer import explore_html  # noqa: F401
     from attnflow.sweeps import sweep  # noqa: F401

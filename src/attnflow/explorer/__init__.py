@@ -1,0 +1,12 @@
+"""The interactive explorer of a run: tokens on the circle or the sphere through time, the
+attention matrix, cluster counts and the order parameter, Rényi centers of causal runs.
+
+* pack: a run as compact JSON (uint16 frames in base64 and what the page shows beside them).
+* page: `explore_html`, one self-contained HTML page (no network).
+* widget: `explore`, a Jupyter widget (anywidget) on the same ES module, explorer.js.
+"""
+
+from attnflow.explorer.pack import pack, unpack
+from attnflow.explorer.page import explore_html
+
+__all__ = ["explore_html", "pack", "unpack"]
