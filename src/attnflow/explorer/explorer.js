@@ -270,17 +270,21 @@ export function render({ model, el }) {
         if (circle) { const m = Math.hypot(x, y) || 1; x *= r / m; y *= r / m; }
         return [c + R * x, c + R * y];
       };
+      const seen = (j) => (circle || S[3 * j + 2] >= 0 ? 1 : 0.3); // faint behind the sphere
       ctx.strokeStyle = "#000";
       ctx.lineWidth = 1.2;
       for (const j of centers.renyi) {
         const [x, y] = ring(j, 1.12);
+        ctx.globalAlpha = seen(j);
         ctx.beginPath(); ctx.arc(x, y, 4.5, 0, 2 * Math.PI); ctx.stroke();
       }
       ctx.fillStyle = RED;
       for (const j of centers.strong) {
         const [x, y] = ring(j, 1.22);
+        ctx.globalAlpha = seen(j);
         ctx.beginPath(); ctx.arc(x, y, 3, 0, 2 * Math.PI); ctx.fill();
       }
+      ctx.globalAlpha = 1;
     }
   }
 
