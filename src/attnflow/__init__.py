@@ -36,6 +36,7 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
 _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},
     "sweep": "attnflow.sweeps",
+    "explore": "attnflow.explorer",
     "explore_html": "attnflow.explorer",
 }
 _SUBMODULES = ("analysis", "explorer", "family", "kernels", "manifolds", "plot", "pretrained",
@@ -94,5 +95,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         sweeps,
     )
     from attnflow.analysis import *  # noqa: F403
-    from attnflow.explorer import explore_html  # noqa: F401
+    from attnflow.explorer import explore, explore_html  # noqa: F401
     from attnflow.sweeps import sweep  # noqa: F401

@@ -6,7 +6,18 @@ attention matrix, cluster counts and the order parameter, Rényi centers of caus
 * widget: `explore`, a Jupyter widget (anywidget) on the same ES module, explorer.js.
 """
 
+from typing import Any
+
 from attnflow.explorer.pack import pack, unpack
 from attnflow.explorer.page import explore_html
 
-__all__ = ["explore_html", "pack", "unpack"]
+__all__ = ["Explorer", "explore", "explore_html", "pack", "unpack"]
+
+
+def __getattr__(name: str) -> Any:
+    """`explore` and `Explorer` on first use: they need the optional anywidget."""
+    if name in ("Explorer", "explore"):
+        from attnflow.explorer import widget
+
+        return getattr(widget, name)
+    raise AttributeError(f"module 'attnflow.explorer' has no attribute {name!r}")
