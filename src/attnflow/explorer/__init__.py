@@ -8,10 +8,11 @@ attention matrix, cluster counts and the order parameter, Rényi centers of caus
 
 from typing import Any
 
-from attnflow.explorer.pack import pack, unpack
+from attnflow.explorer.pack import ANGLE_ERROR, COORD_ERROR, pack, unpack
 from attnflow.explorer.page import explore_html
 
-__all__ = ["Explorer", "explore", "explore_html", "pack", "unpack"]
+__all__ = ["ANGLE_ERROR", "COORD_ERROR", "Explorer", "explore", "explore_html", "pack",
+           "unpack"]
 
 
 def __getattr__(name: str) -> Any:

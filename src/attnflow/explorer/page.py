@@ -88,8 +88,8 @@ def explore_html(traj: Trajectory, path: str | os.PathLike, *, run: int = 0,
     title : the page's heading; default the model's short repr and n.
 
     The page holds 2 bytes per token and coordinate per frame in base64 (8/3 characters)
-    plus about 60 kB of module and series: a 1000-token run on the sphere with 200 frames
-    is about 1.7 MB.
+    plus 20-35 kB of module and series: a 1000-token run on the sphere with 200 frames is
+    1.6 MB.
     """
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
