@@ -219,10 +219,10 @@ export function render({ model, el }) {
     draw();
   }
 
-  function project(P) { // screen coordinates (x right, y down, unit radius) and depth
-    const S = new Float64Array(3 * n);
+  function projectPoints(P, count) { // screen coordinates (x right, y down, unit radius), depth
+    const S = new Float64Array(3 * count);
     if (circle) {
-      for (let j = 0; j < n; j++) { S[3 * j] = P[3 * j]; S[3 * j + 1] = -P[3 * j + 1]; S[3 * j + 2] = 1; }
+      for (let j = 0; j < count; j++) { S[3 * j] = P[3 * j]; S[3 * j + 1] = -P[3 * j + 1]; S[3 * j + 2] = 1; }
       return S;
     }
     const [el_, az_] = camera().map((v) => (v * Math.PI) / 180);
@@ -237,6 +237,30 @@ export function render({ model, el }) {
     return S;
   }
 
+  // The equator and the meridian through x1 (great circles; dashed behind the sphere), so
+  // that a turn of the sphere shows.
+  function drawGuides(ctx, c, R) {
+    const m = 96, circles = [[], []];
+    for (let s = 0; s <= m; s++) {
+      const a = (2 * Math.PI * s) / m;
+      circles[0].push(Math.cos(a), Math.sin(a), 0);
+      circles[1].push(Math.cos(a), 0, Math.sin(a));
+    }
+    ctx.lineWidth = 0.8;
+    ctx.strokeStyle = "#b5b9c8";
+    for (const pts of circles) {
+      const S = projectPoints(Float64Array.from(pts), m + 1);
+      for (let s = 0; s < m; s++) {
+        ctx.setLineDash(S[3 * s + 2] >= 0 ? [] : [2, 3]);
+        ctx.beginPath();
+        ctx.moveTo(c + R * S[3 * s], c + R * S[3 * s + 1]);
+        ctx.lineTo(c + R * S[3 * s + 3], c + R * S[3 * s + 4]);
+        ctx.stroke();
+      }
+    }
+    ctx.setLineDash([]);
+  }
+
   function drawMain(i, P) {
     const ctx = sizedCanvas(main, size, size);
     const c = size / 2, R = size * (circle ? 0.38 : 0.44);
@@ -248,7 +272,8 @@ export function render({ model, el }) {
     ctx.strokeStyle = "#999";
     ctx.lineWidth = 1;
     ctx.stroke();
-    const S = project(P);
+    if (!circle) drawGuides(ctx, c, R);
+    const S = projectPoints(P, n);
     const labels = model.get("color") === "cluster" && canCluster ? labelsAt(i, P) : null;
     const dot = Math.max(1.5, Math.min(5, 60 / Math.sqrt(n)));
     const groups = labels ? 10 : BINS;
