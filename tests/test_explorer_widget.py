@@ -54,3 +54,23 @@ def test_what_is_set_is_checked(traj):
     with pytest.raises(ValueError, match=r"^view: expected a view that fits the run"):
         w.view = "circle"
     assert (w.frame, w.color, w.view) == (0, "index", "sphere")
+
+
+def test_live_mode_simulates_again_and_streams_the_frames():
+    w = af.explore_live(n=12, d=2, beta=4.0, t_end=2.0, frames=9, dt=0.1)
+    assert w.live == {"beta": 4.0, "mask": "causal", "n": 12, "seed": 0}
+    assert w.data["n"] == 12 and w.data["times"] == pytest.approx(np.linspace(0, 2, 9))
+    sent = []
+    w.observe(lambda change: sent.append(len(change["new"]["times"])), names="data")
+    w.set_state({"live": {"beta": 16.0, "mask": "full", "n": 20, "seed": 3}})  # the page's inputs
+    assert sent == [3, 5, 7, 9]  # the frames done after each of 4 pieces of time
+    assert (w.data["n"], w.data["beta"][0], w.data["causal"]) == (20, 16.0, False)
+    x0 = af.sphere.uniform(20, 2, seed=3)  # the tokens drawn from the seed, then simulated
+    run = af.simulate(af.Attention(beta=16.0, mask="full"), x0, 2.0, method="rk4", dt=0.1,
+                      save_at=np.linspace(0, 2, 9))
+    _, X = af.explorer.unpack(w.data)
+    np.testing.assert_allclose(X, run.states, atol=1e-4)
+    with pytest.raises(ValueError, match=r"^n: expected an integer number of tokens in "
+                       r"\[1, 20000\], received 0$"):
+        w.live = {"beta": 16.0, "mask": "full", "n": 0, "seed": 3}
+    assert w.data["n"] == 20

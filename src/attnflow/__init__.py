@@ -38,6 +38,7 @@ _EXPORTS: dict[str, str] = {
     "sweep": "attnflow.sweeps",
     "explore": "attnflow.explorer",
     "explore_html": "attnflow.explorer",
+    "explore_live": "attnflow.explorer",
 }
 _SUBMODULES = ("analysis", "explorer", "family", "kernels", "manifolds", "plot", "pretrained",
                "sphere", "sweeps")
@@ -95,5 +96,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         sweeps,
     )
     from attnflow.analysis import *  # noqa: F403
-    from attnflow.explorer import explore, explore_html  # noqa: F401
+    from attnflow.explorer import explore, explore_html, explore_live  # noqa: F401
     from attnflow.sweeps import sweep  # noqa: F401

@@ -145,6 +145,44 @@ const STYLE = `
 `;
 
 export function render({ model, el }) {
+  let unmount = mount(model, el);
+  const remount = () => { unmount(); el.replaceChildren(); unmount = mount(model, el); };
+  model.on("change:data", remount); // a new run (live mode: each piece streamed)
+  return () => { model.off("change:data", remount); unmount(); };
+}
+
+// Live mode (the widget's `live` = {beta, mask, n, seed}): inputs that set it; the kernel
+// simulates again and sends new data.
+function liveControls(model) {
+  const live = model.get("live");
+  if (!live || !Object.keys(live).length) return null;
+  const row = element("div", { class: "af-bar", id: "af-live" });
+  const inputs = {
+    beta: element("input", { type: "number", min: "0", step: "0.5", value: String(live.beta) }),
+    n: element("input", { type: "number", min: "1", max: "20000", step: "1", value: String(live.n) }),
+    seed: element("input", { type: "number", min: "0", step: "1", value: String(live.seed) }),
+  };
+  const mask = element("select", {});
+  for (const m of ["causal", "full"]) mask.appendChild(element("option", { value: m }, m));
+  mask.value = live.mask;
+  const send = () => {
+    model.set("live", { beta: Number(inputs.beta.value), mask: mask.value,
+                        n: Math.round(Number(inputs.n.value)), seed: Math.round(Number(inputs.seed.value)) });
+    model.save_changes();
+  };
+  for (const [name, input] of Object.entries(inputs)) {
+    input.style.width = "5em";
+    input.addEventListener("change", send);
+    const label = element("label", {}, `${name === "beta" ? "β" : name} `);
+    label.appendChild(input);
+    row.appendChild(label);
+  }
+  mask.addEventListener("change", send);
+  row.append(mask, element("span", { class: "af-note" }, "live: changing these simulates again"));
+  return row;
+}
+
+function mount(model, el) {
   const data = model.get("data");
   const n = data.n, T = data.times.length, circle = data.view === "circle";
   const q = decodeFrames(data.frames);
@@ -195,6 +233,8 @@ export function render({ model, el }) {
     (centers ? ` · Rényi centers of the first frame (δ = ${data.delta.toFixed(3)}): black rings; strong: red` : "");
   side.appendChild(note);
   panels.append(main, side);
+  const liveRow = liveControls(model);
+  if (liveRow) root.appendChild(liveRow);
   root.append(bar, panels);
   el.appendChild(root);
 
