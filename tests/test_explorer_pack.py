@@ -126,3 +126,14 @@ def test_errors_name_the_argument():
         pack(np.zeros((2, 3, 2)))
     with pytest.raises(ValueError, match=r"^packed: expected a dict made by"):
         unpack({"format": "other"})
+
+
+def test_one_run_of_a_batch_and_the_directions_of_pre_ln_states():
+    traj = _run(30, 3)
+    batch = af.Trajectory(times=traj.times, states=np.stack([traj.states, -traj.states], axis=1),
+                          model=traj.model, integrator={})
+    _, X = unpack(pack(batch, run=1))
+    assert np.abs(X + traj.states).max() <= COORD_ERROR * (1 + 1e-9)
+    pre = af.Trajectory(times=traj.times, states=3.0 * traj.states,  # pre-LN: off the sphere
+                        model=af.Attention(beta=9.0, mask="causal", norm="pre"), integrator={})
+    assert pack(pre)["frames"] == pack(traj)["frames"]

@@ -4,7 +4,8 @@
 //
 // model keys: "data" (attnflow.explorer.pack's dict: uint16 frames in base64 and the series),
 // "frame" (int, the time index shown), "color" ("index" or "cluster"), "camera"
-// ([elevation, azimuth] in degrees: the sphere's orthographic view).
+// ([elevation, azimuth] in degrees: the sphere's orthographic view); in live mode "live"
+// ({beta, mask, n, seed}: set by the inputs, the kernel simulates again and sends new data).
 
 const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
 const TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
