@@ -228,6 +228,11 @@ function mount(model, el) {
     label.append(sortBox, " sort tokens by cluster");
     side.append(element("div", { class: "af-note" }, `attention matrix at this time (${data.causal ? "causal" : "full"} mask; rows: queries, each scaled to its largest weight)`), attn, label);
   }
+  if (!att) {
+    side.appendChild(element("div", { class: "af-note", id: "af-no-attn" },
+      "no attention matrix: the page computes it for n ≤ 400 tokens of one layer with one " +
+      "head and no memory, drawn unprojected (d ≤ 3)"));
+  }
   const note = element("div", { class: "af-note" });
   note.textContent = `${data.model} · n = ${n}, d = ${data.d}` +
     (data.projection ? ` · ${data.projection}` : "") +
