@@ -36,9 +36,12 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
 _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},
     "sweep": "attnflow.sweeps",
+    "explore": "attnflow.explorer",
+    "explore_html": "attnflow.explorer",
+    "explore_live": "attnflow.explorer",
 }
-_SUBMODULES = ("analysis", "family", "kernels", "manifolds", "meanfield", "plot", "pretrained",
-               "sphere", "sweeps")
+_SUBMODULES = ("analysis", "explorer", "family", "kernels", "manifolds", "meanfield", "plot",
+               "pretrained", "sphere", "sweeps")
 
 # The core is imported eagerly (numpy only). `simulate` must be: the submodule of the same name
 # would otherwise shadow the function once anything imports it.
@@ -83,6 +86,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from attnflow import (  # noqa: F401
         analysis,
+        explorer,
         family,
         kernels,
         manifolds,
@@ -93,4 +97,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         sweeps,
     )
     from attnflow.analysis import *  # noqa: F403
+    from attnflow.explorer import explore, explore_html, explore_live  # noqa: F401
     from attnflow.sweeps import sweep  # noqa: F401

@@ -10,6 +10,7 @@ those exceptions propagate; any other exception is a bug and keeps its traceback
 
 from __future__ import annotations
 
+from attnflow.cli import explore as _explore  # noqa: F401  (registers `explore`)
 from attnflow.cli import plot as _plot  # noqa: F401  (registers `plot`, `animate`)
 from attnflow.cli import reproduce as _reproduce  # noqa: F401  (registers `reproduce`)
 from attnflow.cli import simulate as _simulate  # noqa: F401  (registers `simulate`)

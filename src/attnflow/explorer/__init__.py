@@ -1,0 +1,29 @@
+"""The interactive explorer of a run: tokens on the circle or the sphere through time, the
+attention matrix, cluster counts and the order parameter, Rényi centers of causal runs.
+
+* pack: a run as compact JSON (uint16 frames in base64 and what the page shows beside them).
+* page: `explore_html`, one self-contained HTML page (no network).
+* widget: `explore`, a Jupyter widget (anywidget) on the same ES module, explorer.js.
+* live: `explore_live`, the widget simulating in the kernel as beta, mask, n, seed change.
+"""
+
+from typing import Any
+
+from attnflow.explorer.pack import ANGLE_ERROR, COORD_ERROR, pack, unpack
+from attnflow.explorer.page import explore_html
+
+__all__ = ["ANGLE_ERROR", "COORD_ERROR", "Explorer", "LiveExplorer", "explore",
+           "explore_html", "explore_live", "pack", "unpack"]
+
+
+def __getattr__(name: str) -> Any:
+    """The widgets (`explore`, `explore_live`) on first use: they need the optional anywidget."""
+    if name in ("Explorer", "explore"):
+        from attnflow.explorer import widget
+
+        return getattr(widget, name)
+    if name in ("LiveExplorer", "explore_live"):
+        from attnflow.explorer import live
+
+        return getattr(live, name)
+    raise AttributeError(f"module 'attnflow.explorer' has no attribute {name!r}")

@@ -1,0 +1,524 @@
+// The attnflow explorer: one ES module in anywidget's convention, render({model, el}), used
+// by the Jupyter widget (attnflow.explorer.widget) and by the exported page
+// (attnflow.explorer.page, whose small shim plays `model`). No network, no dependencies.
+//
+// model keys: "data" (attnflow.explorer.pack's dict: uint16 frames in base64 and the series),
+// "frame" (int, the time index shown), "color" ("index" or "cluster"), "camera"
+// ([elevation, azimuth] in degrees: the sphere's orthographic view); in live mode "live"
+// ({beta, mask, n, seed}: set by the inputs, the kernel simulates again and sends new data).
+
+const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+const TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+               "#7f7f7f", "#bcbd22", "#17becf"];
+const RED = "#d62728";
+const BINS = 48; // colour bins of the index colouring: one fill per bin
+const SPEEDS = [2, 5, 10, 20, 30, 60];
+
+function viridis(v) {
+  const x = Math.min(1, Math.max(0, v)) * (VIRIDIS.length - 1);
+  const i = Math.min(VIRIDIS.length - 2, Math.floor(x));
+  const f = x - i;
+  return VIRIDIS[i].map((c, j) => Math.round(c + f * (VIRIDIS[i + 1][j] - c)));
+}
+
+function rgb(c) {
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+function decodeFrames(b64) {
+  const bytes = Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0));
+  return new Uint16Array(bytes.buffer); // little-endian, as packed (every browser in use)
+}
+
+// Points of frame i: (n, 3) as x, y, z (z = 0 on the circle), unit vectors for d <= 3.
+function framePoints(data, q, i) {
+  const n = data.n, k = data.k, out = new Float64Array(3 * n);
+  const base = i * n * k;
+  if (k === 1) {
+    const step = (2 * Math.PI) / 65536;
+    for (let j = 0; j < n; j++) {
+      const th = q[base + j] * step - Math.PI;
+      out[3 * j] = Math.cos(th);
+      out[3 * j + 1] = Math.sin(th);
+    }
+  } else {
+    for (let j = 0; j < 3 * n; j++) out[j] = (2 * q[base + j]) / 65535 - 1;
+  }
+  return out;
+}
+
+// Single-linkage cluster labels at geodesic tolerance tol, numbered by first token (as
+// attnflow.analysis.clusters): on the circle from the sorted angles, else Prim's tree.
+function clusterLabels(P, n, tol, circle) {
+  const parent = new Int32Array(n).fill(-1);
+  const find = (a) => { while (parent[a] >= 0) a = parent[a]; return a; };
+  const join = (a, b) => { a = find(a); b = find(b); if (a !== b) parent[Math.max(a, b)] = Math.min(a, b); };
+  if (circle) {
+    const ang = Array.from({ length: n }, (_, j) => Math.atan2(P[3 * j + 1], P[3 * j]));
+    const order = ang.map((_, j) => j).sort((a, b) => ang[a] - ang[b]);
+    for (let s = 0; s < n; s++) {
+      const a = order[s], b = order[(s + 1) % n];
+      let gap = ang[b] - ang[a];
+      if (gap < 0) gap += 2 * Math.PI;
+      if (n > 1 && gap <= tol) join(a, b);
+    }
+  } else {
+    const best = new Float64Array(n).fill(-2), from = new Int32Array(n), done = new Uint8Array(n);
+    let cur = 0;
+    done[0] = 1;
+    const cosTol = Math.cos(tol);
+    for (let step = 1; step < n; step++) {
+      let next = -1, nextCos = -3;
+      for (let j = 0; j < n; j++) {
+        if (done[j]) continue;
+        const c = P[3 * cur] * P[3 * j] + P[3 * cur + 1] * P[3 * j + 1] + P[3 * cur + 2] * P[3 * j + 2];
+        if (c > best[j]) { best[j] = c; from[j] = cur; }
+        if (best[j] > nextCos) { nextCos = best[j]; next = j; }
+      }
+      done[next] = 1;
+      if (nextCos >= cosTol) join(next, from[next]);
+      cur = next;
+    }
+  }
+  const labels = new Int32Array(n), number = new Map();
+  for (let j = 0; j < n; j++) {
+    const r = find(j);
+    if (!number.has(r)) number.set(r, number.size);
+    labels[j] = number.get(r);
+  }
+  return labels;
+}
+
+// The attention matrix softmax_j(beta x_i^T M x_j) (masked for causal runs), row-major (n, n).
+function attentionMatrix(P, n, d, M, beta, causal) {
+  const A = new Float64Array(n * n), Mx = new Float64Array(3 * n);
+  for (let j = 0; j < n; j++) {
+    for (let a = 0; a < d; a++) {
+      let s = 0;
+      for (let b = 0; b < d; b++) s += M[a][b] * P[3 * j + b];
+      Mx[3 * j + a] = s;
+    }
+  }
+  for (let i = 0; i < n; i++) {
+    const last = causal ? i + 1 : n;
+    let top = -Infinity;
+    for (let j = 0; j < last; j++) {
+      let s = 0;
+      for (let a = 0; a < d; a++) s += P[3 * i + a] * Mx[3 * j + a];
+      A[i * n + j] = beta * s;
+      if (beta * s > top) top = beta * s;
+    }
+    let sum = 0;
+    for (let j = 0; j < last; j++) { const e = Math.exp(A[i * n + j] - top); A[i * n + j] = e; sum += e; }
+    for (let j = 0; j < last; j++) A[i * n + j] /= sum;
+  }
+  return A;
+}
+
+function element(tag, attrs = {}, text = "") {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (text) e.textContent = text;
+  return e;
+}
+
+function sizedCanvas(canvas, w, h) {
+  const r = window.devicePixelRatio || 1;
+  canvas.style.width = `${w}px`;
+  canvas.style.height = `${h}px`;
+  canvas.width = Math.round(w * r);
+  canvas.height = Math.round(h * r);
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(r, 0, 0, r, 0, 0);
+  return ctx;
+}
+
+const STYLE = `
+.af-root{font:13px/1.4 system-ui,sans-serif;color:#222;max-width:1100px;box-sizing:border-box}
+.af-bar{display:flex;flex-wrap:wrap;gap:6px 12px;align-items:center;margin:4px 0 8px}
+.af-bar input[type=range]{flex:1 1 160px;min-width:120px}
+.af-bar button{min-width:64px}
+.af-panels{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}
+.af-side{display:flex;flex-direction:column;gap:8px;flex:1 1 260px;min-width:0}
+.af-main{touch-action:none;cursor:grab}
+.af-note{color:#666;font-size:12px}
+.af-readout b{font-variant-numeric:tabular-nums}
+`;
+
+export function render({ model, el }) {
+  let unmount = mount(model, el);
+  const remount = () => { unmount(); el.replaceChildren(); unmount = mount(model, el); };
+  model.on("change:data", remount); // a new run (live mode: each piece streamed)
+  return () => { model.off("change:data", remount); unmount(); };
+}
+
+// Live mode (the widget's `live` = {beta, mask, n, seed}): inputs that set it; the kernel
+// simulates again and sends new data.
+function liveControls(model) {
+  const live = model.get("live");
+  if (!live || !Object.keys(live).length) return null;
+  const row = element("div", { class: "af-bar", id: "af-live" });
+  const inputs = {
+    beta: element("input", { type: "number", min: "0", step: "0.5", value: String(live.beta) }),
+    n: element("input", { type: "number", min: "1", max: "20000", step: "1", value: String(live.n) }),
+    seed: element("input", { type: "number", min: "0", step: "1", value: String(live.seed) }),
+  };
+  const mask = element("select", {});
+  for (const m of ["causal", "full"]) mask.appendChild(element("option", { value: m }, m));
+  mask.value = live.mask;
+  const send = () => {
+    model.set("live", { beta: Number(inputs.beta.value), mask: mask.value,
+                        n: Math.round(Number(inputs.n.value)), seed: Math.round(Number(inputs.seed.value)) });
+    model.save_changes();
+  };
+  for (const [name, input] of Object.entries(inputs)) {
+    input.style.width = "5em";
+    input.addEventListener("change", send);
+    const label = element("label", {}, `${name === "beta" ? "β" : name} `);
+    label.appendChild(input);
+    row.appendChild(label);
+  }
+  mask.addEventListener("change", send);
+  row.append(mask, element("span", { class: "af-note" }, "live: changing these simulates again"));
+  return row;
+}
+
+function mount(model, el) {
+  const data = model.get("data");
+  const n = data.n, T = data.times.length, circle = data.view === "circle";
+  const q = decodeFrames(data.frames);
+  const att = data.attention && n <= 400 ? data.attention : null;
+  const canCluster = data.projection === "";
+  const binOf = new Int32Array(n);
+  for (let j = 0; j < n; j++) binOf[j] = Math.min(BINS - 1, Math.floor((j * BINS) / n));
+  const binColor = Array.from({ length: BINS }, (_, b) => rgb(viridis((0.85 * b) / (BINS - 1))));
+  const centers = data.causal ? { renyi: data.renyi || [], strong: data.strong || [] } : null;
+
+  // ----- the page
+  const root = element("div", { class: "af-root" });
+  root.appendChild(element("style", {}, STYLE));
+  const bar = element("div", { class: "af-bar" });
+  const play = element("button", { id: "af-play", type: "button" }, "Play");
+  const slider = element("input", { id: "af-slider", type: "range", min: "0", max: String(T - 1),
+                                    step: "1", "aria-label": "time index" });
+  const speed = element("select", { id: "af-speed", "aria-label": "frames per second" });
+  for (const s of SPEEDS) speed.appendChild(element("option", { value: String(s) }, `${s} fps`));
+  speed.appendChild(element("option", { value: "max" }, "every screen frame"));
+  speed.value = "10";
+  const color = element("select", { id: "af-color", "aria-label": "colour tokens by" });
+  color.appendChild(element("option", { value: "index" }, data.causal ? "colour: arrival order" : "colour: index"));
+  if (canCluster) color.appendChild(element("option", { value: "cluster" }, "colour: cluster"));
+  const readout = element("span", { class: "af-readout" });
+  const timeText = element("b", { id: "af-time" });
+  const clusterText = element("b", { id: "af-clusters" });
+  readout.append("t = ", timeText, " · clusters: ", clusterText);
+  bar.append(play, slider, speed, color, readout);
+  const panels = element("div", { class: "af-panels" });
+  const main = element("canvas", { id: "af-main", class: "af-main", role: "img",
+                                   "aria-label": `tokens on the ${data.view}` });
+  const side = element("div", { class: "af-side" });
+  const series = element("canvas", { id: "af-series", role: "img",
+                                     "aria-label": "cluster count and order parameter against time" });
+  side.appendChild(series);
+  let attn = null, sortBox = null;
+  if (att) {
+    attn = element("canvas", { id: "af-attn", role: "img", "aria-label": "attention matrix" });
+    const label = element("label", { class: "af-note" });
+    sortBox = element("input", { id: "af-sort", type: "checkbox" });
+    label.append(sortBox, " sort tokens by cluster");
+    side.append(element("div", { class: "af-note" }, `attention matrix at this time (${data.causal ? "causal" : "full"} mask; rows: queries, each scaled to its largest weight)`), attn, label);
+  }
+  if (!att) {
+    side.appendChild(element("div", { class: "af-note", id: "af-no-attn" },
+      "no attention matrix: the page computes it for n ≤ 400 tokens of one layer with one " +
+      "head and no memory, drawn unprojected (d ≤ 3)"));
+  }
+  const note = element("div", { class: "af-note" });
+  note.textContent = `${data.model} · n = ${n}, d = ${data.d}` +
+    (data.projection ? ` · ${data.projection}` : "") +
+    (centers ? ` · Rényi centers of the first frame (δ = ${data.delta.toFixed(3)}): black rings; strong: red` : "");
+  side.appendChild(note);
+  panels.append(main, side);
+  const liveRow = liveControls(model);
+  if (liveRow) root.appendChild(liveRow);
+  root.append(bar, panels);
+  el.appendChild(root);
+
+  // ----- state
+  let size = 400, sideWidth = 300;
+  let labelsCache = { frame: -1, labels: null };
+  let drawn = 0;
+  const frameIndex = () => Math.min(T - 1, Math.max(0, model.get("frame") | 0));
+  const camera = () => model.get("camera") || [20, -60];
+
+  function labelsAt(i, P) {
+    if (labelsCache.frame !== i) labelsCache = { frame: i, labels: clusterLabels(P, n, data.tol[i], circle) };
+    return labelsCache.labels;
+  }
+
+  function layout() {
+    const width = Math.max(240, el.clientWidth || root.clientWidth || 600);
+    size = Math.min(width - 4, 460);
+    sideWidth = width - size - 16 >= 260 ? Math.min(width - size - 16, 600) : width - 4;
+    side.style.width = `${sideWidth}px`;
+    side.style.flex = "0 0 auto";
+    draw();
+  }
+
+  function projectPoints(P, count) { // screen coordinates (x right, y down, unit radius), depth
+    const S = new Float64Array(3 * count);
+    if (circle) {
+      for (let j = 0; j < count; j++) { S[3 * j] = P[3 * j]; S[3 * j + 1] = -P[3 * j + 1]; S[3 * j + 2] = 1; }
+      return S;
+    }
+    const [el_, az_] = camera().map((v) => (v * Math.PI) / 180);
+    const ca = Math.cos(az_), sa = Math.sin(az_), ce = Math.cos(el_), se = Math.sin(el_);
+    for (let j = 0; j < n; j++) {
+      const x = P[3 * j], y = P[3 * j + 1], z = P[3 * j + 2];
+      const x1 = ca * x - sa * y, y1 = sa * x + ca * y; // turn about z (azimuth)
+      S[3 * j] = x1;
+      S[3 * j + 1] = -(ce * z - se * y1); // tilt about the screen's x axis (elevation)
+      S[3 * j + 2] = ce * y1 + se * z; // depth: >= 0 on the near hemisphere
+    }
+    return S;
+  }
+
+  // The equator and the meridian through x1 (great circles; dashed behind the sphere), so
+  // that a turn of the sphere shows.
+  function drawGuides(ctx, c, R) {
+    const m = 96, circles = [[], []];
+    for (let s = 0; s <= m; s++) {
+      const a = (2 * Math.PI * s) / m;
+      circles[0].push(Math.cos(a), Math.sin(a), 0);
+      circles[1].push(Math.cos(a), 0, Math.sin(a));
+    }
+    ctx.lineWidth = 0.8;
+    ctx.strokeStyle = "#b5b9c8";
+    for (const pts of circles) {
+      const S = projectPoints(Float64Array.from(pts), m + 1);
+      for (let s = 0; s < m; s++) {
+        ctx.setLineDash(S[3 * s + 2] >= 0 ? [] : [2, 3]);
+        ctx.beginPath();
+        ctx.moveTo(c + R * S[3 * s], c + R * S[3 * s + 1]);
+        ctx.lineTo(c + R * S[3 * s + 3], c + R * S[3 * s + 4]);
+        ctx.stroke();
+      }
+    }
+    ctx.setLineDash([]);
+  }
+
+  function drawMain(i, P) {
+    const ctx = sizedCanvas(main, size, size);
+    const c = size / 2, R = size * (circle ? 0.38 : 0.44);
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, size, size);
+    ctx.beginPath();
+    ctx.arc(c, c, R, 0, 2 * Math.PI);
+    if (!circle) { ctx.fillStyle = "#f3f4f8"; ctx.fill(); }
+    ctx.strokeStyle = "#999";
+    ctx.lineWidth = 1;
+    ctx.stroke();
+    if (!circle) drawGuides(ctx, c, R);
+    const S = projectPoints(P, n);
+    const labels = model.get("color") === "cluster" && canCluster ? labelsAt(i, P) : null;
+    const dot = Math.max(1.5, Math.min(5, 60 / Math.sqrt(n)));
+    const groups = labels ? 10 : BINS;
+    const fill = labels ? TAB10 : binColor;
+    for (const front of circle ? [true] : [false, true]) {
+      const paths = Array.from({ length: groups }, () => new Path2D());
+      for (let j = n - 1; j >= 0; j--) { // the earliest tokens on top
+        if (!circle && (S[3 * j + 2] >= 0) !== front) continue;
+        const g = labels ? labels[j] % 10 : binOf[j];
+        paths[g].rect(c + R * S[3 * j] - dot / 2, c + R * S[3 * j + 1] - dot / 2, dot, dot);
+      }
+      ctx.globalAlpha = front ? 1 : 0.25;
+      for (let g = groups - 1; g >= 0; g--) { ctx.fillStyle = fill[g]; ctx.fill(paths[g]); }
+    }
+    ctx.globalAlpha = 1;
+    if (centers) {
+      const ring = (j, r) => {
+        let x = S[3 * j], y = S[3 * j + 1];
+        if (circle) { const m = Math.hypot(x, y) || 1; x *= r / m; y *= r / m; }
+        return [c + R * x, c + R * y];
+      };
+      const seen = (j) => (circle || S[3 * j + 2] >= 0 ? 1 : 0.3); // faint behind the sphere
+      ctx.strokeStyle = "#000";
+      ctx.lineWidth = 1.2;
+      for (const j of centers.renyi) {
+        const [x, y] = ring(j, 1.12);
+        ctx.globalAlpha = seen(j);
+        ctx.beginPath(); ctx.arc(x, y, 4.5, 0, 2 * Math.PI); ctx.stroke();
+      }
+      ctx.fillStyle = RED;
+      for (const j of centers.strong) {
+        const [x, y] = ring(j, 1.22);
+        ctx.globalAlpha = seen(j);
+        ctx.beginPath(); ctx.arc(x, y, 3, 0, 2 * Math.PI); ctx.fill();
+      }
+      ctx.globalAlpha = 1;
+    }
+  }
+
+  function drawAttention(i, P) {
+    const w = Math.min(sideWidth, 320);
+    const ctx = sizedCanvas(attn, w, w);
+    const A = attentionMatrix(P, n, Math.min(data.d, 3), att.M, data.beta[i], att.causal);
+    let order = Array.from({ length: n }, (_, j) => j);
+    if (sortBox.checked && canCluster) {
+      const lab = labelsAt(i, P);
+      order = order.sort((a, b) => lab[a] - lab[b] || a - b);
+    }
+    const img = new ImageData(n, n);
+    for (let r = 0; r < n; r++) {
+      let top = 0; // each row on its own scale: a weight over the row's largest
+      for (let s = 0; s < n; s++) top = Math.max(top, A[order[r] * n + s]);
+      for (let s = 0; s < n; s++) {
+        const v = viridis(A[order[r] * n + order[s]] / top);
+        const o = 4 * (r * n + s);
+        img.data[o] = v[0]; img.data[o + 1] = v[1]; img.data[o + 2] = v[2]; img.data[o + 3] = 255;
+      }
+    }
+    const off = document.createElement("canvas");
+    off.width = n; off.height = n;
+    off.getContext("2d").putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(off, 0, 0, w, w);
+  }
+
+  function drawSeries(i) {
+    const w = sideWidth, h = 160, left = 34, right = 34, top = 20, bottom = 22;
+    const ctx = sizedCanvas(series, w, h);
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, w, h);
+    const t = data.times, t0 = t[0], t1 = t[T - 1] > t0 ? t[T - 1] : t0 + 1;
+    const kMax = Math.max(1, ...data.clusters);
+    const X = (v) => left + ((v - t0) / (t1 - t0)) * (w - left - right);
+    const Y = (v, max) => top + (1 - v / max) * (h - top - bottom);
+    ctx.strokeStyle = "#ccc";
+    ctx.strokeRect(left, top, w - left - right, h - top - bottom);
+    const line = (values, max, style, step) => {
+      ctx.beginPath();
+      values.forEach((v, k) => {
+        const x = X(t[k]), y = Y(v, max);
+        if (k === 0) ctx.moveTo(x, y);
+        else { if (step) ctx.lineTo(x, Y(values[k - 1], max)); ctx.lineTo(x, y); }
+      });
+      ctx.strokeStyle = style;
+      ctx.lineWidth = 1.5;
+      ctx.stroke();
+    };
+    line(data.clusters, kMax, "#1f4e99", true);
+    line(data.order, 1, "#e07b00", false);
+    ctx.font = "11px system-ui,sans-serif";
+    ctx.fillStyle = "#1f4e99";
+    ctx.fillText(String(kMax), 4, top + 8);
+    ctx.fillText("0", 4, h - bottom);
+    ctx.fillText("— cluster count (left axis)", left, 12);
+    ctx.fillStyle = "#e07b00";
+    ctx.fillText("1", w - right + 6, top + 8);
+    ctx.fillText("0", w - right + 6, h - bottom);
+    const orderLabel = "— |mean x| (right axis)";
+    ctx.fillText(orderLabel, w - right - ctx.measureText(orderLabel).width, 12);
+    ctx.fillStyle = "#444";
+    ctx.fillText(`t = ${t0.toPrecision(3)}`, left, h - 6);
+    const endLabel = `${t1.toPrecision(3)}`;
+    ctx.fillText(endLabel, w - right - ctx.measureText(endLabel).width, h - 6);
+    ctx.strokeStyle = "#c00";
+    ctx.beginPath();
+    ctx.moveTo(X(t[i]), top);
+    ctx.lineTo(X(t[i]), h - bottom);
+    ctx.stroke();
+    return { X, left, right, w };
+  }
+
+  let seriesAxis = null;
+  function draw() {
+    const i = frameIndex();
+    const P = framePoints(data, q, i);
+    drawMain(i, P);
+    if (attn) drawAttention(i, P);
+    seriesAxis = drawSeries(i);
+    slider.value = String(i);
+    timeText.textContent = Number(data.times[i].toPrecision(4)).toString();
+    timeText.dataset.frame = String(i);
+    clusterText.textContent = String(data.clusters[i]);
+    color.value = model.get("color") === "cluster" && canCluster ? "cluster" : "index";
+    drawn += 1;
+    el.dataset.drawn = String(drawn);
+  }
+
+  function setFrame(i) {
+    model.set("frame", Math.min(T - 1, Math.max(0, i)));
+    model.save_changes();
+  }
+
+  // ----- playback
+  let raf = 0, last = 0, carry = 0;
+  function tick(now) {
+    const fps = speed.value === "max" ? Infinity : Number(speed.value);
+    carry += last ? (now - last) / 1000 : 0;
+    last = now;
+    const steps = fps === Infinity ? 1 : Math.floor(carry * fps);
+    if (steps > 0) {
+      carry = fps === Infinity ? 0 : carry - steps / fps;
+      const i = frameIndex() + steps;
+      setFrame(i);
+      if (i >= T - 1) { stop(); return; }
+    }
+    raf = requestAnimationFrame(tick);
+  }
+  function start() {
+    if (frameIndex() >= T - 1) setFrame(0);
+    play.textContent = "Pause";
+    last = 0; carry = 0;
+    raf = requestAnimationFrame(tick);
+  }
+  function stop() {
+    cancelAnimationFrame(raf);
+    raf = 0;
+    play.textContent = "Play";
+  }
+  play.addEventListener("click", () => (raf ? stop() : start()));
+  slider.addEventListener("input", () => setFrame(Number(slider.value)));
+  color.addEventListener("change", () => { model.set("color", color.value); model.save_changes(); });
+  if (sortBox) sortBox.addEventListener("change", draw);
+  series.addEventListener("click", (ev) => {
+    if (!seriesAxis) return;
+    const rect = series.getBoundingClientRect();
+    const x = ev.clientX - rect.left;
+    let best = 0;
+    for (let k = 1; k < T; k++) if (Math.abs(seriesAxis.X(data.times[k]) - x) < Math.abs(seriesAxis.X(data.times[best]) - x)) best = k;
+    setFrame(best);
+  });
+
+  // ----- turning the sphere
+  let dragFrom = null;
+  if (!circle) {
+    main.addEventListener("pointerdown", (ev) => { dragFrom = [ev.clientX, ev.clientY, ...camera()]; main.setPointerCapture(ev.pointerId); });
+    main.addEventListener("pointermove", (ev) => {
+      if (!dragFrom) return;
+      const elev = Math.max(-90, Math.min(90, dragFrom[2] + 0.5 * (ev.clientY - dragFrom[1])));
+      const azim = dragFrom[3] + 0.5 * (ev.clientX - dragFrom[0]);
+      model.set("camera", [elev, azim]);
+      model.save_changes();
+    });
+    const end = () => { dragFrom = null; };
+    main.addEventListener("pointerup", end);
+    main.addEventListener("pointercancel", end);
+  }
+
+  const redraw = () => draw();
+  model.on("change:frame", redraw);
+  model.on("change:color", redraw);
+  model.on("change:camera", redraw);
+  const observer = new ResizeObserver(() => layout());
+  observer.observe(el);
+  layout();
+  return () => {
+    stop();
+    observer.disconnect();
+    model.off("change:frame", redraw);
+    model.off("change:color", redraw);
+    model.off("change:camera", redraw);
+  };
+}

@@ -1,0 +1,167 @@
+"""Packing a run for the explorer: quantised frames in base64 plus what the page shows beside
+them (times, the model, cluster counts, the order parameter, Rényi centers).
+
+The frames are uint16, little-endian, one array of shape (T, n, k), base64 in JSON:
+
+* circle (d = 2): k = 1, the angle theta = atan2(x2, x1) as q = round((theta + pi) / STEP)
+  mod 65536 with STEP = 2 pi / 65536; decoded as q STEP - pi, off by at most STEP / 2 =
+  4.8e-5 rad (`ANGLE_ERROR`).
+* sphere (d >= 3): k = 3, coordinates in [-1, 1] as q = round((x + 1) / 2 * 65535); decoded
+  as 2 q / 65535 - 1, off by at most 1 / 65535 = 1.5e-5 per coordinate (`COORD_ERROR`). For
+  d > 3 the token directions are projected onto three directions first
+  (`attnflow.plot.frame`, default the top principal directions) and lie inside the ball.
+
+So a frame takes 2 n k bytes, 8/3 n k characters of base64: 1000 tokens x 3 coordinates x 200
+frames are 1.2 MB of frames, 1.6 MB of text.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+
+from attnflow._checks import fail
+from attnflow.analysis import (
+    cluster_count,
+    default_cluster_tol,
+    renyi_centers,
+    strong_renyi_centers,
+)
+from attnflow.plot import frame
+from attnflow.trajectory import Trajectory
+
+__all__ = ["ANGLE_ERROR", "COORD_ERROR", "FORMAT", "VIEWS", "pack", "unpack"]
+
+FORMAT = "attnflow-explorer/1"
+VIEWS = ("circle", "sphere")
+_LEVELS = 65536
+ANGLE_STEP = 2 * np.pi / _LEVELS
+ANGLE_ERROR = ANGLE_STEP / 2  # rad: the largest error of a decoded angle
+COORD_ERROR = 1 / (_LEVELS - 1)  # the largest error of a decoded coordinate in [-1, 1]
+ATTENTION_MAX_N = 400  # the page computes the attention matrix for at most this many tokens
+
+
+def view_for(d: int, view: str | None) -> str:
+    """The view of tokens of dimension d: "circle" for d = 2, "sphere" for d >= 3 (default),
+    or an error naming `view` when it does not fit the data."""
+    if view is None:
+        return "circle" if d == 2 else "sphere"
+    if view not in VIEWS:
+        raise fail("view", f"one of {', '.join(VIEWS)} (or None: by dimension)", repr(view))
+    if (view == "circle") != (d == 2):
+        need = "d = 2 (tokens on the circle)" if view == "circle" else "d >= 3"
+        raise fail("view", f"a view that fits the run ('{view}' needs {need}; this run has "
+                   f"d = {d}: use '{view_for(d, None)}')", repr(view))
+    return view
+
+
+def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
+         basis: Any = None) -> dict[str, Any]:
+    """Everything the explorer page shows of one run, as JSON-friendly data.
+
+    traj : a Trajectory; its token directions x / |x| are shown (the states on the sphere).
+    run : which run of a batch.
+    view : "circle" (d = 2) or "sphere" (d >= 3); default by the dimension.
+    basis : for d > 3, the three directions to project onto (see `attnflow.plot.frame`;
+        default the top principal directions of all frames).
+
+    Returns a dict with: format, view, n, d, k (coordinates per token: 1 or 3), frames
+    (base64 of uint16 (T, n, k), see the module docstring), times (T,), beta (T,) and tol
+    (T,) (the layer acting at each time, and the package's default cluster tolerance for
+    it, radians), clusters (T,) (single-linkage cluster counts at tol, computed on the
+    unquantised directions in R^d), order (T,) (|mean x|, the order parameter, in [0, 1]),
+    causal (bool), mask (text), model (its short repr), projection ("" or how d > 3 was
+    projected), renyi and strong (token indices of the Rényi and strong Rényi centers of the
+    first frame at delta = 4 beta^{-1/2}, causal runs only, else None), delta, and attention
+    (None, or {"M": (d, d) matrix, "causal": bool}: the page computes the attention matrix
+    softmax_j(beta x_i^T M x_j) of a frame, which equals the model's for n <= 400 tokens of
+    a single plain layer; checked against the model on the first frame).
+    """
+    if not isinstance(traj, Trajectory):
+        raise TypeError(f"traj: expected an attnflow.Trajectory, received {type(traj).__name__}")
+    X = _one_run(traj, run)
+    if not np.all(np.isfinite(X)):
+        raise fail("traj", "finite token positions", "non-finite entries")
+    view = view_for(traj.d, view)
+    times = np.asarray(traj.times, dtype=float)
+    layers = [traj.model.layer_at(float(t)) for t in times]
+    beta = np.array([float(layer.beta) for layer in layers])
+    tol = np.array([default_cluster_tol(b) for b in beta])
+    counts = np.array([int(cluster_count(X[i], tol[i])) for i in range(len(times))])
+    order = np.linalg.norm(X.mean(axis=1), axis=-1)
+    projection = ""
+    if view == "circle":
+        q = np.round((np.arctan2(X[..., 1], X[..., 0]) + np.pi) / ANGLE_STEP) % _LEVELS
+        q = q[..., None]
+    else:
+        fr = frame(traj, X, 3, basis)
+        projection = fr.note
+        P = np.clip(fr(X), -1.0, 1.0)
+        q = np.round((P + 1.0) / 2.0 * (_LEVELS - 1))
+    frames = np.ascontiguousarray(q.astype("<u2"))
+    causal = bool(traj.model.is_causal)
+    delta = min(float(np.pi), 4.0 / np.sqrt(beta[0])) if beta[0] > 0 else float(np.pi)
+    return {
+        "format": FORMAT, "view": view, "n": traj.n, "d": traj.d, "k": frames.shape[-1],
+        "frames": base64.b64encode(frames.tobytes()).decode("ascii"),
+        "times": times.tolist(), "beta": beta.tolist(), "tol": tol.tolist(),
+        "clusters": counts.tolist(), "order": order.tolist(),
+        "causal": causal, "mask": str(getattr(layers[0], "mask", "")), "model": repr(traj.model),
+        "projection": projection, "delta": float(delta),
+        "renyi": renyi_centers(X[0], delta).tolist() if causal else None,
+        "strong": strong_renyi_centers(X[0], delta).tolist() if causal else None,
+        "attention": _attention(traj, X[0], projection),
+    }
+
+
+def unpack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The times (T,) and decoded frames of `pack`'s output: (T, n, 2) points on the circle
+    (each decoded angle within `ANGLE_ERROR` of the original) or (T, n, 3) coordinates
+    (each within `COORD_ERROR` of the original, or of its projection for d > 3)."""
+    if not isinstance(packed, dict) or packed.get("format") != FORMAT:
+        raise fail("packed", f"a dict made by attnflow.explorer.pack (format {FORMAT!r})",
+                   f"format {packed.get('format') if isinstance(packed, dict) else packed!r}")
+    times = np.asarray(packed["times"], dtype=float)
+    q = np.frombuffer(base64.b64decode(packed["frames"]), dtype="<u2").astype(float)
+    q = q.reshape(len(times), packed["n"], packed["k"])
+    if packed["view"] == "circle":
+        theta = q[..., 0] * ANGLE_STEP - np.pi
+        return times, np.stack([np.cos(theta), np.sin(theta)], axis=-1)
+    return times, 2.0 * q / (_LEVELS - 1) - 1.0
+
+
+def _one_run(traj: Trajectory, run: int) -> np.ndarray:
+    """The token directions (T, n, d) of one run of the batch."""
+    X = traj.directions.reshape(len(traj.times), -1, traj.n, traj.d)
+    if isinstance(run, bool) or not isinstance(run, (int, np.integer)) or \
+            not 0 <= run < X.shape[1]:
+        raise fail("run", f"a run index in [0, {X.shape[1]})", repr(run))
+    return X[:, run]
+
+
+def _attention(traj: Trajectory, X0: np.ndarray, projection: str) -> dict[str, Any] | None:
+    """{"M", "causal"} when softmax_j(beta x_i^T M x_j) under a causal or full mask is the
+    model's attention matrix (one layer, one head, no memory; checked on the first frame
+    X0 (n, d)), for n <= ATTENTION_MAX_N tokens drawn unprojected; else None."""
+    layers = traj.model.layers
+    if projection or traj.n > ATTENTION_MAX_N or len(layers) != 1 or len(layers[0].heads) != 1:
+        return None
+    layer = layers[0]
+    Q, K = (np.eye(traj.d) if M is None else np.asarray(M, dtype=float)
+            for M in layer.heads[0][:2])
+    M = Q.T @ K
+    causal = bool(traj.model.is_causal)
+    scores = float(layer.beta) * X0 @ M @ X0.T
+    if causal:
+        scores = np.where(np.tri(traj.n, dtype=bool), scores, -np.inf)
+    A = np.exp(scores - scores.max(axis=1, keepdims=True))
+    A /= A.sum(axis=1, keepdims=True)
+    try:
+        model_A = np.asarray(layer.attention_matrix(X0), dtype=float)
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if model_A.shape != A.shape or not np.allclose(model_A, A, rtol=1e-6, atol=1e-9):
+        return None
+    return {"M": M.tolist(), "causal": causal}

@@ -1,0 +1,100 @@
+"""One self-contained HTML page of the explorer: explorer.js and the packed run inlined, with
+a small shim in the role of anywidget's `model` (get, set, on, off, save_changes). The page
+loads nothing from the network and opens from disk."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from attnflow._checks import fail
+from attnflow._files import write_text
+from attnflow.explorer.pack import pack
+from attnflow.trajectory import Trajectory
+
+__all__ = ["explore_html", "module_source", "page_html"]
+
+# The page's `model`: a plain object with anywidget's methods, whose `set` calls the
+# listeners of "change:<key>" at once (a page has no kernel to sync with).
+_SHIM = """
+const state = JSON.parse(document.getElementById("af-data").textContent);
+const listeners = {};
+const model = {
+  get: (key) => state[key],
+  set: (key, value) => {
+    state[key] = value;
+    (listeners["change:" + key] || []).forEach((f) => f());
+  },
+  on: (event, f) => { (listeners[event] = listeners[event] || []).push(f); },
+  off: (event, f) => { listeners[event] = (listeners[event] || []).filter((g) => g !== f); },
+  save_changes: () => {},
+};
+render({ model, el: document.getElementById("af-explorer") });
+"""
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body{{margin:12px;background:#fff}}
+h1{{font:600 16px system-ui,sans-serif;margin:0 0 4px}}
+</style>
+</head>
+<body>
+<h1>{title}</h1>
+<div id="af-explorer"></div>
+<script type="application/json" id="af-data">{state}</script>
+<script type="module">
+{module}
+{shim}
+</script>
+</body>
+</html>
+"""
+
+
+def module_source() -> str:
+    """The text of explorer.js, the ES module shared by the page and the widget."""
+    return resources.files("attnflow.explorer").joinpath("explorer.js").read_text("utf-8")
+
+
+def page_html(packed: dict[str, Any], title: str = "attnflow explorer") -> str:
+    """The page's HTML for the output of `attnflow.explorer.pack` (the first frame shown,
+    tokens coloured by index)."""
+    state = {"data": packed, "frame": 0, "color": "index", "camera": [20.0, -60.0]}
+    # "</" never ends the inline script early: JSON allows "<\\/" for it.
+    text = json.dumps(state, separators=(",", ":")).replace("</", "<\\/")
+    module = module_source()
+    if "</script" in module.lower():
+        raise fail("explorer.js", "a module without '</script'", "one with it")
+    return _PAGE.format(title=html.escape(title), state=text, module=module, shim=_SHIM)
+
+
+def explore_html(traj: Trajectory, path: str | os.PathLike, *, run: int = 0,
+                 view: str | None = None, basis: Any = None, title: str | None = None) -> Path:
+    """Write the explorer of one run as one self-contained HTML page (opens from disk, no
+    network), atomically; return its path.
+
+    traj, run, view, basis : as for `attnflow.explorer.pack` (view "circle" for d = 2,
+        "sphere" for d >= 3).
+    path : the page to write (a name ending in .html).
+    title : the page's heading; default the model's short repr and n.
+
+    The page holds 2 bytes per token and coordinate per frame in base64 (8/3 characters)
+    plus 20-35 kB of module and series: a 1000-token run on the sphere with 200 frames is
+    1.6 MB.
+    """
+    path = Path(path)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise fail("path", "a file name ending in .html", str(path))
+    packed = pack(traj, run=run, view=view, basis=basis)
+    if title is None:
+        title = f"attnflow explorer: n = {traj.n}, d = {traj.d}, {packed['mask']} attention"
+    return write_text(path, page_html(packed, title))

@@ -1,0 +1,180 @@
+"""The explorer page (`af.explore_html`) in a real browser: headless Chromium driven by
+selenium, opened from disk. Skipped cleanly where Chromium or chromedriver is missing.
+
+Checked: the displayed time and cluster count are the data's at every frame shown; moving the
+slider and playing change the canvas and advance the frame; dragging turns the sphere (the
+canvas changes, the frame does not); colouring by cluster repaints; no console errors; no
+sideways scrolling at 390 and 1280 px. Set ATTNFLOW_SCREENSHOTS=DIR to keep the screenshots.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import attnflow as af
+
+webdriver = pytest.importorskip("selenium.webdriver")
+CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
+DRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
+                                reason="headless Chromium and chromedriver not installed")
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    out = tmp_path_factory.mktemp("explorer")
+    found = {}
+    for name, d, n in (("circle", 2, 120), ("sphere", 3, 150)):
+        traj = af.simulate(af.Attention(beta=9.0, mask="causal"),
+                           af.sphere.uniform(n, d, seed=0), 20.0, method="rk4", dt=0.1,
+                           save_at=np.linspace(0, 20, 41))
+        found[name] = (af.explore_html(traj, out / f"{name}.html"), af.explorer.pack(traj))
+    return found
+
+
+@pytest.fixture(scope="module")
+def driver():
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--hide-scrollbars", "--window-size=1280,900"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    browser = webdriver.Chrome(options=options, service=Service(DRIVER))
+    browser.set_page_load_timeout(60)
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+def _open(driver, page):
+    driver.get(page.as_uri())
+    driver.find_element("id", "af-time")  # rendered
+    return driver
+
+
+def _pixels(driver):
+    return driver.execute_script("return document.getElementById('af-main').toDataURL();")
+
+
+def _shown(driver):
+    return driver.execute_script(
+        "const t = document.getElementById('af-time');"
+        "return [Number(t.dataset.frame), t.textContent,"
+        "        document.getElementById('af-clusters').textContent];")
+
+
+def _slide(driver, i):
+    driver.execute_script("const s = document.getElementById('af-slider'); s.value = arguments[0];"
+                          "s.dispatchEvent(new Event('input'));", i)
+
+
+def _errors(driver):
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _expected(packed, i):
+    """[frame, time, cluster count] as the page shows them (the time to 4 digits)."""
+    shown = float(f"{packed['times'][i]:.4g}")
+    return [i, f"{shown:g}", str(packed["clusters"][i])]
+
+
+@pytest.mark.parametrize("name", ["circle", "sphere"])
+def test_slider_shows_the_data_of_each_frame(driver, pages, name):
+    page, packed = pages[name]
+    _open(driver, page)
+    assert _shown(driver) == _expected(packed, 0)
+    ink = driver.execute_script(
+        "const c = document.getElementById('af-main');"
+        "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+        "let k = 0; for (let i = 0; i < d.length; i += 4) if (d[i] < 200) k++; return k;")
+    assert ink > 500  # tokens and the circle drawn, not a blank canvas
+    before = _pixels(driver)
+    for i in (7, 40, 20):
+        _slide(driver, i)
+        assert _shown(driver) == _expected(packed, i)
+    assert _pixels(driver) != before
+    _slide(driver, 0)
+    assert _pixels(driver) == before  # the same frame draws the same picture
+    assert _errors(driver) == []
+
+
+def test_play_advances_and_pause_stops(driver, pages):
+    page, packed = pages["circle"]
+    _open(driver, page)
+    before = _pixels(driver)
+    play = driver.find_element("id", "af-play")
+    play.click()
+    time.sleep(1.0)  # 10 frames per second by default
+    play.click()
+    assert play.text == "Play"
+    frame, shown_time, count = _shown(driver)
+    assert 2 <= frame < 40 and [frame, shown_time, count] == _expected(packed, frame)
+    assert _pixels(driver) != before
+    time.sleep(0.4)
+    assert _shown(driver)[0] == frame  # paused
+    assert _errors(driver) == []
+
+
+def test_dragging_turns_the_sphere_and_keeps_the_frame(driver, pages):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    page, _ = pages["sphere"]
+    _open(driver, page)
+    _slide(driver, 10)
+    before = _pixels(driver)
+    canvas = driver.find_element("id", "af-main")
+    ActionChains(driver).move_to_element(canvas).click_and_hold().move_by_offset(60, 25) \
+        .release().perform()
+    assert _pixels(driver) != before
+    assert _shown(driver)[0] == 10
+    assert _errors(driver) == []
+
+
+def test_colouring_by_cluster_repaints(driver, pages):
+    from selenium.webdriver.support.ui import Select
+
+    page, _ = pages["circle"]
+    _open(driver, page)
+    _slide(driver, 40)
+    before = _pixels(driver)
+    Select(driver.find_element("id", "af-color")).select_by_value("cluster")
+    assert _pixels(driver) != before
+    Select(driver.find_element("id", "af-color")).select_by_value("index")
+    assert _pixels(driver) == before
+    assert _errors(driver) == []
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+@pytest.mark.parametrize("name", ["circle", "sphere"])
+def test_screenshots_fit_the_width(driver, pages, name, width, tmp_path):
+    from PIL import Image
+
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {
+        "width": width, "height": 1100, "deviceScaleFactor": 1, "mobile": width < 500})
+    try:
+        _open(driver, pages[name][0])
+        _slide(driver, 20)
+        overflow = driver.execute_script(
+            "return document.documentElement.scrollWidth - window.innerWidth;")
+        assert overflow <= 1, f"the page scrolls sideways by {overflow} px at {width} px"
+        path = tmp_path / f"explorer-{name}-{width}.png"
+        assert driver.save_screenshot(str(path))
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+    image = np.asarray(Image.open(path).convert("L"), dtype=float)
+    assert image.shape[1] == width and image.std() > 20
+    assert _errors(driver) == []
+    keep = os.environ.get("ATTNFLOW_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(keep) / path.name)
