@@ -55,9 +55,9 @@ QUICK: dict[str, Any] = {
 FULL: dict[str, Any] = {**QUICK, "n": 1000, "runs": 8, "merge_runs": 24,
                         "merge_betas": [3, 4, 5, 6, 7], "large_n": 100_000, "large_runs": 2,
                         "large_betas": [4, 9, 16, 25, 49, 100]}
-# measured: 5.7 min of CPU time (2026-12-01, shared machine) before the large-n count;
-# that count at n = 1e5 estimated from the quick size by the work ratio
-FULL_MINUTES = 20
+# measured: 8.4 min of CPU time, 20 min wall with the large-n count (2026-12-03, a shared
+# machine at load up to 14); 5.7 min of CPU time before it
+FULL_MINUTES = 9
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
