@@ -9,6 +9,7 @@ from scipy.special import iv
 
 import attnflow as af
 from attnflow.analysis import (
+    dispersion_rate,
     equiangular_rhs,
     equiangular_start,
     k_star,
@@ -131,3 +132,44 @@ def test_noise_threshold_is_the_mode_one_balance():
     np.testing.assert_allclose(noise_threshold([0.0, 1e-9]), 2.0, rtol=1e-9)
     np.testing.assert_allclose(uniform_fluctuation([0.0, 1.0, 1.5], 0.0), [1.0, 2.0, 4.0])
     assert np.isinf(uniform_fluctuation(2.0, 0.0)) and np.isinf(uniform_fluctuation(5.0, 4.0))
+
+
+def _linearised_rate(k: int, beta: float, attention: str) -> float:
+    """lambda_k by quadrature of the linearised velocity: for rho = 1/(2 pi) + eps cos(k theta)
+    the numerator int e^{beta cos(theta - phi)} sin(phi - theta) rho(phi) dphi is
+    -eps sin(k theta) A, A = int e^{beta cos u} sin u sin(k u) du, and the continuity equation
+    gives d eps / dt = k A eps / (2 pi Z_0), Z_0 = (1 / 2 pi) int e^{beta cos u} du (softmax;
+    Z_0 = 1 unnormalised). Both integrals scaled by e^{-beta}."""
+    opts = {"epsabs": 1e-15, "epsrel": 1e-12, "limit": 400}
+    A = quad(lambda u: np.exp(beta * (np.cos(u) - 1)) * np.sin(u) * np.sin(k * u),
+             -np.pi, np.pi, **opts)[0]
+    Z0 = quad(lambda u: np.exp(beta * (np.cos(u) - 1)), -np.pi, np.pi, **opts)[0] / (2 * np.pi)
+    if attention == "softmax":
+        return k * A / (2 * np.pi * Z0)
+    return k * A * np.exp(beta) / (2 * np.pi)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "unnormalised"])
+@pytest.mark.parametrize("beta", [0.5, 9.0, 25.0, 64.0])
+def test_dispersion_rate_is_the_linearised_operator(attention, beta):
+    ks = np.arange(1, 2 * k_star(beta) + 2)
+    got = dispersion_rate(ks, beta, attention=attention)
+    want = [_linearised_rate(int(k), beta, attention) for k in ks]
+    # relative to the largest rate: the far modes' rates are tiny differences of quadratures
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-11 * max(want))
+    assert int(ks[np.argmax(got)]) == k_star(beta)
+
+
+def test_dispersion_rate_limits_and_noise():
+    np.testing.assert_allclose(dispersion_rate([1, 2, 3], 0.0), [0.5, 0.0, 0.0], atol=1e-15)
+    # noise: mode 1 is neutral exactly at the Kuramoto-type threshold sigma^2 = 2 / kappa_c
+    for beta in (0.0, 4.0, 30.0):
+        sigma = np.sqrt(2 / noise_threshold(beta))
+        assert abs(dispersion_rate(1, beta, sigma)) < 1e-14
+    assert dispersion_rate(2, 9.0, 0.3) == pytest.approx(
+        dispersion_rate(2, 9.0) - 0.09 * 4 / 2, rel=1e-14)
+    for bad in ({"k": 0, "beta": 1.0}, {"k": 1.5, "beta": 1.0}, {"k": 1, "beta": -1.0}):
+        with pytest.raises(ValueError):
+            dispersion_rate(**bad)
+    with pytest.raises(ValueError, match="attention"):
+        dispersion_rate(1, 1.0, attention="sinkhorn")

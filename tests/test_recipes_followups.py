@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 from scipy.optimize import brentq
-from scipy.special import iv
+from scipy.special import iv, ive
 from scipy.stats import binomtest
 
 from attnflow.analysis import (
@@ -24,6 +24,7 @@ from attnflow.experiments import (
     RECIPES,
     SUITE_OF,
     SUITES,
+    dispersion,
     longcontext,
     meanfield,
     noise,
@@ -96,10 +97,20 @@ def test_longcontext_width_and_verdicts():
 
 def test_meanfield_numbers_and_verdicts(tmp_path):
     res = _run("meanfield", tmp_path, n=40, runs=2, betas=[4, 16], merge_n=10, merge_runs=2,
-               merge_betas=[3, 4], merge_t_end=1e4, merge_saves=120)
+               merge_betas=[3, 4], merge_t_end=1e4, merge_saves=120, large_n=300,
+               large_betas=[4, 16])
     first = res["numbers"]["first_phase"]
     assert first["k_star"] == [k_star(4.0), k_star(16.0)]
     assert all(1 <= c <= 40 for row in first["counts"] for c in row)
+    large = res["numbers"]["large_n"]
+    assert large["n"] == 300 and large["k_star"] == first["k_star"]
+    assert all(1 <= c <= 300 for row in large["counts"] for c in row)
+    # t1(n): the fastest mode's rate by the Bessel functions directly
+    for beta, t1 in zip(large["betas"], large["t1"]):
+        k = k_star(beta)
+        rate = k * k * iv(k, beta) / (beta * iv(0, beta))
+        assert t1 == pytest.approx(10.0 + np.log(300 / 1000) / (2 * rate), rel=1e-12)
+    assert res["claims"][-1]["id"] == "meanfield.first_large_n"
     share = res["numbers"]["merging"]["energy_share_in_merges"]
     assert all(0.0 <= s <= 1.0 for s in share if s == s)
     params = dict(meanfield.QUICK)
@@ -252,3 +263,50 @@ def test_cli_lists_a_suite():
     for id in (i for i in entries() if i.split(".")[0] in SUITES["followups"]):
         assert f"  {id}: " in run.stdout  # each claim, with its criterion below it
     assert "reproduced if smallest_step >= -1e-09" in run.stdout
+
+
+def test_dispersion_numbers_against_the_bessel_rates(tmp_path):
+    res = _run("dispersion", tmp_path, n=3000, runs=4, betas=[9])
+    (row,) = res["numbers"]["rows"]
+    assert row["k"] == list(range(1, 2 * k_star(9.0) + 1))
+    ks = np.array(row["k"])
+    truth = ks**2 * iv(ks, 9.0) / (9.0 * iv(0, 9.0))  # the rates from scipy's I_k directly
+    unnormalised = ks**2 * iv(ks, 9.0) / 9.0
+    np.testing.assert_allclose(row["solver"]["softmax"], truth, rtol=1e-6)
+    np.testing.assert_allclose(row["solver"]["unnormalised"], unnormalised, rtol=1e-6)
+    # particles: the growing band within 5 standard errors, and fastest at k* or next to it
+    m, se = np.array(row["particles"]), np.array(row["se"])
+    assert np.all(se > 0) and np.all(np.abs(m - truth)[:k_star(9.0)] <= 5 * se[:k_star(9.0)])
+    assert abs(int(ks[np.argmax(m)]) - k_star(9.0)) <= 1
+    assert row["n_power0"] == pytest.approx(np.ones(ks.size), abs=0.6)  # E n |M_k(0)|^2 = 1
+    assert max(row["mean_power_end"]) <= 0.1 / np.sqrt(3000)  # the window's last save
+    assert [c["id"] for c in res["claims"]] == ["dispersion.solver", "dispersion.particles"]
+    assert res["claims"][0]["verdict"] == "reproduced"
+
+
+def test_dispersion_moments_fit_and_verdicts():
+    rng = np.random.default_rng(1)
+    theta = rng.uniform(0, 2 * np.pi, (3, 500))
+    X = np.stack([np.cos(theta), np.sin(theta)], axis=-1)
+    want = np.stack([np.exp(1j * k * theta).mean(axis=-1) for k in (1, 2, 3)], axis=-1)
+    np.testing.assert_allclose(dispersion.moments(X, 3), want, atol=1e-13)
+    # exactly linear runs: every run's |M_k(t)|^2 = e^{2 lam t} |M_k(0)|^2 -> lam, se 0
+    t, lam = np.linspace(0.0, 2.0, 9), np.array([0.1, 0.7])
+    P = rng.exponential(size=(1, 6, 2)) * np.exp(2 * lam * t[:, None, None])
+    rate, se = dispersion.fit_rates(t, P)
+    np.testing.assert_allclose(rate, lam, rtol=1e-12)
+    assert np.all(se < 1e-12)
+    params = dict(dispersion.QUICK, runs=8)
+    formula = np.array([0.1, 0.7, 0.5])
+    row = {"beta": 9.0, "k": np.arange(1, 4), "formula": formula, "window_end": 1.0}
+    good = [{**row, "particles": formula + 0.001, "se": np.full(3, 0.002)}]
+    near = [{**row, "particles": formula + [0.0, 0.03, 0.0], "se": np.full(3, 0.002)}]
+    far = [{**row, "particles": formula + [0.0, 0.1, 0.0], "se": np.full(3, 0.002)}]
+    assert dispersion._particle_claim(good, params).verdict == "reproduced"
+    assert dispersion._particle_claim(near, params).verdict == "partly"  # 15 se, 4 % of peak
+    assert dispersion._particle_claim(far, params).verdict == "not reproduced"
+    ks = np.arange(1, 3)
+    exact = [{**row, "k": ks, "solver": {"softmax": ks**2 * iv(ks, 9.0) / (9 * iv(0, 9.0))}}]
+    assert dispersion._solver_claim(exact, params).verdict == "reproduced"
+    wrong = [{**row, "k": ks, "solver": {"softmax": ive(ks, 9.0)}}]
+    assert dispersion._solver_claim(wrong, params).verdict == "not reproduced"

@@ -51,6 +51,7 @@ from attnflow.analysis.depth import (
 )
 from attnflow.analysis.energy import energy, log_energy
 from attnflow.analysis.family import (
+    dispersion_rate,
     equiangular_rhs,
     equiangular_start,
     k_star,
@@ -105,6 +106,7 @@ __all__ = [
     "clusters",
     "consumed_fraction",
     "cosine_to_first",
+    "dispersion_rate",
     "distance_to_subspace",
     "effective_rank",
     "energy",

@@ -25,6 +25,9 @@
   and rho below, at and above gamma = 1 / (1 - rho).
 * Mean field on the circle: Fourier mode k of a near-uniform density grows at a rate
   proportional to k^2 I_k(beta); the first clusters number about k* = argmax_k k^2 I_k(beta).
+  The rate itself (docs/science.md §9, Q = K = V = I, full attention, noise sigma):
+  lambda_k = k^2 I_k(beta) / (beta I_0(beta)) - sigma^2 k^2 / 2 (softmax) and
+  k^2 I_k(beta) / beta - sigma^2 k^2 / 2 (unnormalised), `dispersion_rate`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from attnflow._checks import as_generator, fail, nonnegative, number, positive
 
 __all__ = [
     "NORMS",
+    "dispersion_rate",
     "equiangular_rhs",
     "equiangular_start",
     "k_star",
@@ -230,3 +234,30 @@ def _count(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise fail(name, f"an integer >= {low}", repr(value))
     return int(value)
+
+
+def dispersion_rate(k: Any, beta: Any, sigma: float = 0.0,
+                    attention: str = "softmax") -> np.ndarray:
+    """lambda_k, the growth rate (per unit time) of Fourier mode k of the uniform density on
+    the circle under full attention with Q = K = V = I and noise sigma (docs/science.md §9):
+
+        softmax:       lambda_k = k^2 I_k(beta) / (beta I_0(beta)) - sigma^2 k^2 / 2,
+        unnormalised:  lambda_k = k^2 I_k(beta) / beta - sigma^2 k^2 / 2,
+
+    evaluated as k (I_{k-1} - I_{k+1}) / 2 (equal to k^2 I_k / beta, finite at beta = 0: there
+    lambda_1 = 1/2 - sigma^2 / 2 and the other modes decay). Vectorised: integers k >= 1 and
+    beta >= 0 broadcast together; returns their broadcast shape (unnormalised rates grow like
+    e^beta and overflow to inf past beta ~ 700)."""
+    k = np.asarray(k)
+    if not (np.issubdtype(k.dtype, np.integer) and np.all(k >= 1)):
+        raise fail("k", "integers >= 1", repr(k))
+    beta = np.asarray(beta, dtype=float)
+    if not np.all(np.isfinite(beta) & (beta >= 0)):
+        raise fail("beta", "finite values >= 0", repr(beta))
+    sigma = nonnegative("sigma", sigma)
+    if attention not in ATTENTIONS:
+        raise fail("attention", f"one of {ATTENTIONS}", repr(attention))
+    kf = k.astype(float)
+    rate = kf * (ive(kf - 1, beta) - ive(kf + 1, beta)) / 2  # times e^-beta
+    rate = rate / ive(0, beta) if attention == "softmax" else rate * np.exp(beta)
+    return rate - sigma * sigma * kf * kf / 2

@@ -6,7 +6,11 @@ Full attention, Q = K = V = I, d = 2, n tokens uniform at random. From a near-un
 Fourier mode k of the density grows at a rate proportional to k^2 I_k(beta), so the first
 clusters number about k* = argmax_k k^2 I_k(beta) (`k_star`, about sqrt(2 beta)). Measured:
 the single-linkage cluster count (tolerance beta^{-1/2} / 4) at the end of the first phase,
-t1, against k* for beta from 4 to 100 (RK4).
+t1, against k* for beta from 4 to 100 (RK4). The same count at large n (`large_n`, up to 1e5,
+with the harmonic kernel, O(n K) per step), taken at t1(n) = t1 + log(n / 1000) / (2 lambda_k*)
+(`large_t1`): the linear growth of the fastest mode from |M_k|^2 ~ 1/n (`dispersion_rate`)
+lasts log(n) / (2 lambda_k*), so the first phase ends that much later than at n = 1000, where
+t1 was set.
 
 Afterwards clusters merge one pair at a time, after waiting times that grow like e^{c beta},
 and the interaction energy E_beta (`energy`) is a staircase: plateaus at saddles, jumps at
@@ -25,7 +29,13 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import cluster_count, default_cluster_tol, k_star, log_energy
+from attnflow.analysis import (
+    cluster_count,
+    default_cluster_tol,
+    dispersion_rate,
+    k_star,
+    log_energy,
+)
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention
@@ -39,31 +49,41 @@ QUICK: dict[str, Any] = {
     "n": 200, "runs": 4, "betas": [4, 9, 16, 25, 49, 100], "t1": 10.0, "dt": 0.05,
     "merge_n": 32, "merge_runs": 6, "merge_betas": [3, 4, 5, 6], "merge_t_end": 1e6,
     "merge_saves": 240, "merge_window": [2, 1], "bootstrap": 2000,
+    "large_n": 4000, "large_runs": 1, "large_betas": [4, 16, 64], "large_dt": 0.1,
+    "large_n_ref": 1000, "large_backend": "harmonic:1e-9",
 }
 FULL: dict[str, Any] = {**QUICK, "n": 1000, "runs": 8, "merge_runs": 24,
-                        "merge_betas": [3, 4, 5, 6, 7]}
-FULL_MINUTES = 6  # measured: 5.7 min of CPU time (2026-12-01, shared machine)
+                        "merge_betas": [3, 4, 5, 6, 7], "large_n": 100_000, "large_runs": 2,
+                        "large_betas": [4, 9, 16, 25, 49, 100]}
+# measured: 8.4 min of CPU time, 20 min wall with the large-n count (2026-12-03, a shared
+# machine at load up to 14); 5.7 min of CPU time before it
+FULL_MINUTES = 9
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
-    streams = np.random.SeedSequence(seed).spawn(2)
+    streams = np.random.SeedSequence(seed).spawn(3)
     first = _first_phase(params, np.random.default_rng(streams[0]),
-                         lambda f: progress(0.5 * f))
+                         lambda f: progress(0.4 * f))
     merging = _merging(params, np.random.default_rng(streams[1]),
-                       lambda f: progress(0.5 + 0.5 * f))
+                       lambda f: progress(0.4 + 0.4 * f))
+    large = _large_n(params, np.random.default_rng(streams[2]),
+                     lambda f: progress(0.8 + 0.2 * f))
     claims = [_first_claim(first, params), _staircase_claim(merging, params),
-              _waiting_claim(merging, params)]
-    figures = [save_figure(_figure(first, merging, params), out, "meanfield.png")]
+              _waiting_claim(merging, params), _large_claim(large, params)]
+    figures = [save_figure(_figure(first, merging, params, large), out, "meanfield.png")]
     numbers = {"first_phase": first, "merging": {k: v for k, v in merging.items()
                                                  if k != "example"},
-               "example": merging["example"]}
+               "example": merging["example"], "large_n": large}
     notes = [f"First phase: n = {params['n']}, {params['runs']} runs per beta, RK4 dt = "
              f"{params['dt']:g} to t1 = {params['t1']:g}; clusters by single linkage at "
              "beta^-1/2 / 4. Merging: n = "
              f"{params['merge_n']}, {params['merge_runs']} runs per beta, LSODA (rtol 1e-6) "
              f"to t = {params['merge_t_end']:g}, {params['merge_saves']} log-spaced saves; a "
              "run that never reaches one cluster counts as T_1 = inf (medians stay finite "
-             "while fewer than half the runs are censored)."]
+             "while fewer than half the runs are censored). Large n: n = "
+             f"{params['large_n']}, {params['large_runs']} runs per beta, RK4 dt = "
+             f"{params['large_dt']:g} with the {params['large_backend']} kernel to t1(n) = "
+             f"t1 + log(n / {params['large_n_ref']}) / (2 lambda_k*)."]
     return Output(numbers, claims, figures, notes)
 
 
@@ -82,6 +102,32 @@ def _first_phase(params, rng, progress) -> dict[str, Any]:
     log_b = np.log(betas)
     return {"betas": betas, "counts": counts, "mean": mean,
             "se": counts.std(axis=1, ddof=1) / np.sqrt(counts.shape[1]), "k_star": kstar,
+            "slope": float(np.polyfit(log_b, np.log(mean), 1)[0]),
+            "slope_k_star": float(np.polyfit(log_b, np.log(kstar), 1)[0])}
+
+
+def large_t1(t1: float, n: int, n_ref: int, beta: float) -> float:
+    """t1(n) = t1 + log(n / n_ref) / (2 lambda_k*(beta)): the end of the first phase moved by
+    the longer linear growth of the fastest mode from |M_k|^2 ~ 1/n (module docstring)."""
+    return t1 + np.log(n / n_ref) / (2 * float(dispersion_rate(k_star(beta), beta)))
+
+
+def _large_n(params, rng, progress) -> dict[str, Any]:
+    """The first-phase count at n = large_n, each beta at its own t1(n) (`large_t1`)."""
+    betas = [float(b) for b in params["large_betas"]]
+    x0 = uniform((params["large_runs"], params["large_n"]), 2, rng)
+    counts, times = [], []
+    for i, beta in enumerate(betas):
+        t1 = large_t1(params["t1"], params["large_n"], params["large_n_ref"], beta)
+        model = Attention(beta=beta, mask="full", backend=params["large_backend"])
+        traj = simulate(model, x0, t1, save_at=[0.0, t1], method="rk4", dt=params["large_dt"])
+        counts.append(cluster_count(traj.final, default_cluster_tol(beta)))
+        times.append(t1)
+        progress((i + 1) / len(betas))
+    counts = np.array(counts)  # (betas, runs)
+    mean, kstar, log_b = counts.mean(axis=1), np.array([k_star(b) for b in betas]), np.log(betas)
+    return {"betas": betas, "n": params["large_n"], "t1": times, "counts": counts,
+            "mean": mean, "k_star": kstar,
             "slope": float(np.polyfit(log_b, np.log(mean), 1)[0]),
             "slope_k_star": float(np.polyfit(log_b, np.log(kstar), 1)[0])}
 
@@ -173,6 +219,19 @@ def _first_claim(first, params) -> Claim:
                 "slope_off": abs(first["slope"] - first["slope_k_star"])})
 
 
+def _large_claim(large, params) -> Claim:
+    ratio = large["mean"] / large["k_star"]
+    return claim(
+        "meanfield.first_large_n",
+        measured=f"n = {large['n']}: mean clusters at t1(n) / k*: " + ", ".join(
+            f"beta={b:g} (t1 = {t:.1f}): {m:.1f}/{k}" for b, t, m, k in
+            zip(large["betas"], large["t1"], large["mean"], large["k_star"]))
+        + f"; log-log slope {large['slope']:.3f} vs k*'s {large['slope_k_star']:.3f}",
+        values={"count_off": float(np.max(np.abs(ratio - 1.0))),
+                "slope_off": abs(large["slope"] - large["slope_k_star"])},
+        n=large["n"], runs=params["large_runs"])
+
+
 def _staircase_claim(merging, params) -> Claim:
     share = np.array(merging["energy_share_in_merges"])
     return claim(
@@ -202,11 +261,13 @@ def _waiting_claim(merging, params) -> Claim:
                 "rss_ratio": ratio})
 
 
-def _figure(first, merging, params) -> Figure:
+def _figure(first, merging, params, large) -> Figure:
     fig = Figure(figsize=(14.0, 4.2))
     ax, bx, cx = fig.subplots(1, 3)
     betas = np.array(first["betas"])
     ax.errorbar(betas, first["mean"], yerr=first["se"], fmt="o", label="clusters at t1")
+    ax.plot(large["betas"], large["mean"], "^", color="tab:green",
+            label=f"clusters at t1(n), n = {large['n']:g}")
     ax.plot(betas, first["k_star"], "s", mfc="none", label="k* = argmax k^2 I_k(beta)")
     fine = np.geomspace(betas[0], betas[-1], 50)
     ax.plot(fine, np.sqrt(2 * fine), "k--", lw=1, label="sqrt(2 beta)")
