@@ -41,7 +41,7 @@ TITLE = "Particles to mean field: n^-1/2 from iid starts, geometric from quantil
 QUICK: dict[str, Any] = {
     "beta": 4.0, "t_end": 1.0, "mf_modes": 128, "moments": 5, "dt": 0.05, "iid_dt": 0.1,
     "iid_ns": [500, 2000, 8000], "iid_runs": [6, 6, 6],
-    "small_ns": [8, 16, 32, 64, 128, 256], "quantile_ns": [1000, 8000],
+    "small_ns": [8, 16, 32, 64, 128, 256], "quantile_ns": [1000, 8000], "above_floor": 100.0,
 }
 FULL: dict[str, Any] = {**QUICK, "iid_ns": [1000, 10_000, 100_000, 1_000_000],
                         "iid_runs": [16, 16, 16, 4],
@@ -95,12 +95,14 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
         progress(0.4 + 0.6 * (i + 1) / len(params["iid_ns"]))
     slope, slope_se, intercept = _weighted_fit(np.log(params["iid_ns"]), np.log(rms),
                                                np.array(rms_se))
-    numbers = {"target_moments": target, "resolution_lost_at": mf.resolution_lost_at,
+    numbers = {"target_moments": np.stack([target.real, target.imag], axis=-1),  # (K, re/im)
+               "resolution_lost_at": mf.resolution_lost_at,
                "small_ns": params["small_ns"], "small_errors": small,
                "quantile_ns": params["quantile_ns"], "quantile_errors": large, "floor": floor,
                "iid_ns": params["iid_ns"], "iid_rms": rms, "iid_log_rms_se": rms_se,
                "iid_slope": slope, "iid_slope_se": slope_se, "iid_intercept": intercept}
-    claims = [_iid_claim(numbers), _quantile_claim(numbers, mf.resolution_lost_at is None)]
+    claims = [_iid_claim(numbers),
+              _quantile_claim(numbers, mf.resolution_lost_at is None, params)]
     figures = [save_figure(_figure(numbers, params), out, "convergence.png")]
     notes = [f"beta = {params['beta']:g}, horizon t = {t_end:g} (solver: {params['mf_modes']} "
              f"modes, resolved to the horizon: {mf.resolution_lost_at is None}); moments k = "
@@ -131,11 +133,11 @@ def _iid_claim(nums) -> Claim:
         values={"z": abs(b + 0.5) / se, "off": abs(b + 0.5)})
 
 
-def _quantile_claim(nums, resolved: bool) -> Claim:
+def _quantile_claim(nums, resolved: bool, params) -> Claim:
     floor = nums["floor"]
     e = np.array(nums["small_errors"])
     logn = np.log(np.array(nums["small_ns"], dtype=float))
-    ok = (e[:-1] > 100 * floor) & (e[1:] > 100 * floor)
+    ok = np.minimum(e[:-1], e[1:]) > params["above_floor"] * floor
     slopes = np.diff(np.log(e)) / np.diff(logn)
     steepest = float(slopes[ok].min()) if ok.any() else float("nan")
     return claim(

@@ -124,7 +124,7 @@ def _figure(rows, params) -> Figure:
     fine = np.linspace(0.3, max(1.6, max(r["sigma"] for r in rows)), 300)
     ax.plot(fine, kuramoto_order(2 / fine**2), "k-", lw=1,
             label="root of r = I1(kappa r)/I0(kappa r)")
-    above = fine[fine > 1.02]
+    above = fine[fine > 1]
     ax.plot(above, [np.sqrt(np.pi * finite_n_fluctuation(2 / s**2, 0.0, params["n"])
                             / params["n"]) / 2 for s in above], "k:", lw=1,
             label=f"E R of the uniform state, n = {params['n']}")
