@@ -43,7 +43,7 @@ def test_causalprofile_solver_follows_the_closed_form(tmp_path):
 
 
 def test_convergence_rates(tmp_path):
-    res = _run("convergence", tmp_path, iid_ns=[200, 800], iid_runs=[4, 4],
+    res = _run("convergence", tmp_path, iid_ns=[200, 800], iid_runs=[4, 4], mf_modes=64,
                small_ns=[8, 16, 32, 64], quantile_ns=[500])
     nums = res["numbers"]
     assert nums["resolution_lost_at"] is None
