@@ -15,6 +15,10 @@
   exact equiangular starts, the noisy Kuramoto order parameter, the long-context self-weight
   and output correlation, the mean-field cluster number k*.
 
+* kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
+  growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
+  density given by its Fourier coefficients.
+
 Definitions follow docs/science.md §§2-4 and are restated in each docstring.
 """
 
@@ -61,6 +65,13 @@ from attnflow.analysis.family import (
     output_correlation_limit,
     self_weight,
     uniform_fluctuation,
+)
+from attnflow.analysis.kinetic import (
+    causal_memory,
+    cell_memory,
+    growth_rate,
+    hardy_kernel,
+    inverse_cdf,
 )
 from attnflow.analysis.parking import (
     RENYI_PARKING_CONSTANT,
@@ -141,4 +152,9 @@ __all__ = [
     "theorem52_max_N",
     "theorem52_min_beta",
     "uniform_fluctuation",
+    "causal_memory",
+    "cell_memory",
+    "growth_rate",
+    "hardy_kernel",
+    "inverse_cdf",
 ]

@@ -19,7 +19,8 @@ SUITES: dict[str, tuple[str, ...]] = {
     "paper": ("thm41", "atlas", "fig2", "fig3", "parking", "scaling", "lemma51", "frozen",
               "causal_vs_full", "spectra"),
     "followups": ("normalization", "noise", "longcontext", "energy", "meanfield",
-                  "realmodel", "depth", "looped", "ladder", "dispersion"),
+                  "realmodel", "depth", "looped", "ladder", "dispersion", "causalprofile",
+                  "convergence", "kuramoto"),
 }
 NAMES: tuple[str, ...] = tuple(name for names in SUITES.values() for name in names)
 SUITE_OF: dict[str, str] = {name: suite for suite, names in SUITES.items() for name in names}
