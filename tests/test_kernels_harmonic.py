@@ -13,7 +13,7 @@ from scipy.special import eval_legendre
 from scipy.stats import special_ortho_group
 
 import attnflow as af
-from attnflow.kernels import auto, dense, get_kernel, harmonic
+from attnflow.kernels import auto, dense, fused, get_kernel, harmonic
 from attnflow.kernels._harmonic import degrees, feature_count
 from attnflow.kernels.options import LinearBias
 from attnflow.kernels.types import Memory
@@ -214,6 +214,9 @@ def test_auto_picks_harmonic_for_long_runs_and_falls_back_where_it_does_not_appl
     assert auto.choose(x, x, mask="causal", beta=64.0) is auto.harmonic_or_blocked
     assert auto.choose(x[:50], x[:50], mask="causal", beta=64.0) is not \
         auto.harmonic_or_blocked
+    ens = np.zeros((8, 6 * harmonic.features(64.0, 2), 2))  # an ensemble of long runs
+    assert auto.choose(ens, ens, mask="causal", beta=64.0) is auto.harmonic_or_blocked
+    assert auto.choose(ens[:, :200], ens[:, :200], mask="causal", beta=64.0) is fused.attend
     q = x * np.linspace(1, 2, n)[:, None]  # no common norm: the blocked kernel takes it
     np.testing.assert_allclose(auto.attend(q, x, x, 3.0, "causal"),
                                dense.attend(q, x, x, 3.0, "causal"), atol=1e-12)

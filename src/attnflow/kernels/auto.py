@@ -38,6 +38,9 @@ MIN_TOKENS_BLOCKED = 96  # tokens from which the blocked kernel beats the dense 
 # Harmonic against blocked, one causal run, 2 threads, 2026-12-03 (benchmarks/RESULTS.md):
 # even at 3-4 tokens per feature on the circle (beta 64 and 1000) and about 4 on S^2 (beta 9).
 MIN_TOKENS_PER_FEATURE = 4
+# Against fused, 8 and 64 runs, same day (shared machine): even at 4-6 tokens per feature on
+# the circle (beta 64) and S^2 (beta 9), harmonic 1.5-2.6x faster at 8.
+MIN_TOKENS_PER_FEATURE_FUSED = 6
 
 
 def choose(q: np.ndarray, v: np.ndarray, bias: np.ndarray | LinearBias | None = None,
@@ -49,13 +52,16 @@ def choose(q: np.ndarray, v: np.ndarray, bias: np.ndarray | LinearBias | None = 
     need = needed(bias, check_normalization(normalization))
     runs = int(np.prod(np.broadcast_shapes(q.shape[:-2], v.shape[:-2])))
     n = q.shape[-2]
-    if (runs >= MIN_RUNS_FUSED and max(q.shape[-1], v.shape[-1]) <= MAX_HEAD_FUSED
-            and runs * n * (n + 1) // 2 >= MIN_PAIRS_FUSED and need <= fused.SUPPORTS):
-        return fused.attend
+    per_feature = 0.0  # tokens per harmonic feature, where the harmonic kernel may apply
     if (mask is not None and beta is not None and q.shape[-1] in (2, 3)
             and isinstance(mask, (str, tuple)) and (bias is None or isinstance(bias, LinearBias))
-            and need <= harmonic.SUPPORTS
-            and n >= MIN_TOKENS_PER_FEATURE * harmonic.features(beta, q.shape[-1])):
+            and need <= harmonic.SUPPORTS):
+        per_feature = n / harmonic.features(beta, q.shape[-1])
+    if (runs >= MIN_RUNS_FUSED and max(q.shape[-1], v.shape[-1]) <= MAX_HEAD_FUSED
+            and runs * n * (n + 1) // 2 >= MIN_PAIRS_FUSED and need <= fused.SUPPORTS
+            and per_feature < MIN_TOKENS_PER_FEATURE_FUSED):
+        return fused.attend
+    if per_feature >= MIN_TOKENS_PER_FEATURE:
         return harmonic_or_blocked
     if n >= MIN_TOKENS_BLOCKED and need <= blocked.SUPPORTS:
         return blocked.attend
