@@ -179,3 +179,34 @@ def test_cli_errors_name_the_option(tmp_path):
     result = _explore(bare, "--out", tmp_path / "p.html", "--run", "1")
     assert result.exit_code == 2 and "--run: expected no value for a trace" in result.output
     assert not (tmp_path / "p.html").exists()
+
+
+def test_the_widget_takes_a_trace():
+    pytest.importorskip("anywidget")
+    ds = _trace()
+    w = af.explore(ds)
+    assert w.data == pack_trace(ds) and w.view == "sphere"
+    w.frame = L
+    assert w.time == float(L)
+    with pytest.raises(ValueError, match=r"^cluster_count: expected a simulated run"):
+        _ = w.cluster_count
+    w.view = "circle"  # packs the trace again for the circle
+    assert w.data["k"] == 1 and w.data["frames"] == pack_trace(ds, view="circle")["frames"]
+    with pytest.raises(ValueError, match=r"^attention: "):
+        af.explore(_trace(patterns=False), attention=True)
+
+
+def test_a_simulated_run_keeps_its_page_and_names_the_new_options(tmp_path):
+    traj = af.simulate(af.Attention(beta=4.0, mask="causal"), af.sphere.uniform(8, 5, seed=0),
+                       1.0, save_at=[0.0, 1.0])
+    with pytest.raises(ValueError, match=r"^attention: expected a run whose attention matrix"):
+        af.explore_html(traj, tmp_path / "run.html", attention=True)  # d = 5 is projected
+    with pytest.raises(ValueError, match=r"^onto: "):
+        af.explore_html(traj, tmp_path / "run.html", onto="sphere")
+    path = traj.save(tmp_path / "run.nc")
+    result = _explore(path, "--out", tmp_path / "run.html", "--onto", "sphere")
+    assert result.exit_code == 2 and "--onto: expected no value for a simulated run" in \
+        result.output
+    result = _explore(path, "--out", tmp_path / "run.html")
+    assert result.exit_code == 0, result.output
+    assert _state(tmp_path / "run.html") == json.loads(json.dumps(af.explorer.pack(traj)))
