@@ -178,3 +178,69 @@ def test_screenshots_fit_the_width(driver, pages, name, width, tmp_path):
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(path, Path(keep) / path.name)
+
+
+# ----- a trace of a real model (issue 36): layers as time, patterns per layer and head
+
+
+@pytest.fixture(scope="module")
+def trace_pages(tmp_path_factory):
+    from attnflow.pretrained.trace import trace_dataset
+
+    out = tmp_path_factory.mktemp("trace")
+    rng = np.random.default_rng(0)
+    L, H, n, d = 4, 3, 20, 32
+    pre = rng.normal(size=(L, n, d))
+    pattern = rng.random((L, H, n, n)) * np.tri(n)
+    pattern /= pattern.sum(axis=-1, keepdims=True)
+    words = [f"w{i}" for i in range(n)]
+    full = trace_dataset(pre, pre + rng.normal(size=(L, n, d)), np.arange(n), pattern=pattern,
+                         str_tokens=words, attrs={"model": "toy"})
+    bare = trace_dataset(pre, pre + 1.0, np.arange(n), str_tokens=words)
+    return {name: (af.explore_html(ds, out / f"{name}.html"), af.explorer.pack_trace(ds))
+            for name, ds in (("full", full), ("bare", bare))}
+
+
+def _readout(driver):
+    return driver.execute_script(
+        "const t = document.getElementById('af-time');"
+        "return [Number(t.dataset.frame), t.parentElement.textContent,"
+        "        document.getElementById('af-cosine').textContent,"
+        "        document.getElementById('af-sink').textContent];")
+
+
+def _canvas(driver, name):
+    return driver.execute_script(f"return document.getElementById('{name}').toDataURL();")
+
+
+def test_trace_page_shows_layers_cosine_sink_and_patterns(driver, trace_pages):
+    from selenium.webdriver.support.ui import Select
+
+    page, packed = trace_pages["full"]
+    _open(driver, page)
+    for i in (0, 2, 4, 1):
+        _slide(driver, i)
+        frame, text, cosine, sink = _readout(driver)
+        assert frame == i and text.startswith(f"layer = {i} · mean cos: ")
+        assert cosine == f"{packed['cosine'][i]:.3f}"
+        assert sink == ("–" if i == 4 else f"{packed['sink'][i]:.2f}")
+    assert "t = " not in driver.find_element("id", "af-time").find_element(
+        "xpath", "..").text
+    pattern = _canvas(driver, "af-pattern")
+    Select(driver.find_element("id", "af-head")).select_by_value("2")
+    assert _canvas(driver, "af-pattern") != pattern  # another head
+    _slide(driver, 3)
+    caption = driver.find_element("id", "af-pattern-caption").text
+    assert caption.startswith("attention pattern of layer 3")
+    assert driver.find_elements("id", "af-no-attn") == []
+    assert _errors(driver) == []
+
+
+def test_trace_page_without_patterns_says_so(driver, trace_pages):
+    page, _ = trace_pages["bare"]
+    _open(driver, page)
+    _slide(driver, 2)
+    assert _readout(driver)[1].startswith("layer = 2 ")
+    assert "no attention patterns" in driver.find_element("id", "af-no-attn").text
+    assert driver.find_elements("id", "af-pattern") == []
+    assert _errors(driver) == []

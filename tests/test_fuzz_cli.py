@@ -53,6 +53,10 @@ def inputs(tmp_path_factory) -> Path:
     np.save(tmp / "nan.npy", np.array([[np.nan, 0.0], [0.0, 1.0]]))
     (tmp / "fake.npy").write_text("not numpy")
     (tmp / "model").mkdir()
+    from attnflow.pretrained.trace import save_trace, trace_dataset
+
+    resid = np.random.default_rng(0).normal(size=(2, 4, 8))
+    save_trace(trace_dataset(resid, resid + 1.0, np.arange(4)), tmp / "bare_trace.zarr")
     return tmp
 
 
@@ -188,6 +192,18 @@ CASES: list[tuple[str, list[str], str]] = [
                         "{out}/t.zarr"], "--token-ids"),
     ("trace out suffix", ["trace", "{in}/missing.gguf", "--text", "hi", "--out",
                           "{out}/t.nc"], "--out"),
+    # ---- explore
+    ("explore out suffix", ["explore", RUN, "--out", "{out}/p.txt"], "--out"),
+    ("explore corrupt run", ["explore", "{in}/corrupt.nc", "--out", "{out}/p.html"],
+     "corrupt.nc"),
+    ("explore view misfit", ["explore", RUN, "--out", "{out}/p.html", "--view", "sphere"],
+     "--view"),
+    ("explore onto for a run", ["explore", RUN, "--out", "{out}/p.html", "--onto", "sphere"],
+     "--onto"),
+    ("explore trace no patterns", ["explore", "{in}/bare_trace.zarr", "--out", "{out}/p.html",
+                                   "--attention"], "attn.hook_pattern"),
+    ("explore trace run", ["explore", "{in}/bare_trace.zarr", "--out", "{out}/p.html", "--run",
+                           "1"], "--run"),
     # ---- simulate: the family's parts
     ("simulate mlp text", ["simulate", "--mlp", "swish:4", "--out", "{out}/r.nc"], "--mlp"),
     ("simulate qk-norm text", ["simulate", "--qk-norm", "l2", "--out", "{out}/r.nc"],

@@ -1,4 +1,5 @@
-"""`attnflow explore`: a saved run as one interactive HTML page (see `attnflow.explorer`)."""
+"""`attnflow explore`: a saved run, or a saved trace of a real model, as one interactive HTML
+page (see `attnflow.explorer`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import typer
 
 from attnflow.cli._app import app
-from attnflow.cli._options import output_path, renamed
+from attnflow.cli._options import output_path, renamed, unused
 
 
 class View(str, Enum):
@@ -17,23 +18,64 @@ class View(str, Enum):
     sphere = "sphere"
 
 
+class Onto(str, Enum):
+    pca = "pca"
+    sphere = "sphere"
+
+
+def is_trace_file(path: Path) -> bool:
+    """Whether path is a trace written by `attnflow.pretrained.save_trace` (a .zarr store
+    whose root attributes hold ``attnflow_trace``), read without opening the arrays."""
+    if path.suffix != ".zarr" or not path.is_dir():
+        return False
+    for meta in ("zarr.json", ".zattrs"):
+        file = path / meta
+        if file.is_file() and '"attnflow_trace"' in file.read_text("utf-8", errors="replace"):
+            return True
+    return False
+
+
 @app.command()
 def explore(
     run_file: Path = typer.Argument(..., help="A run written by `attnflow simulate` (.nc or "
-                                    ".zarr).", exists=True),
+                                    ".zarr), or a trace of a real model written by "
+                                    "`attnflow.pretrained.save_trace` (.zarr).", exists=True),
     out: Path = typer.Option(..., "--out", "-o", help="The page to write (.html)."),
     view: View = typer.Option(View.auto, help="circle (d = 2) or sphere (d >= 3; projected "
-                              "onto the top principal directions for d > 3); auto: by d."),
-    run: int = typer.Option(0, help="Run of a batch."),
+                              "onto the top principal directions for d > 3); auto: by d (a "
+                              "trace: sphere)."),
+    run: int = typer.Option(0, help="Run of a batch (not for a trace)."),
+    attention: bool | None = typer.Option(None, "--attention/--no-attention",
+                                          help="Show the attention matrix (a trace: every "
+                                          "layer's and head's pattern), or an error naming "
+                                          "what is missing; default: when available."),
+    onto: Onto = typer.Option(Onto.pca, help="A trace's token directions: pca (projected onto "
+                              "the top principal directions, inside the ball) or sphere "
+                              "(scaled to unit length)."),
 ) -> None:
     """Write one self-contained HTML page to explore a saved run: tokens through time (play,
     slider, turn the sphere by dragging), the attention matrix (n <= 400), cluster counts and
-    the order parameter, Rényi centers of causal runs. It opens from disk, offline."""
+    the order parameter, Rényi centers of causal runs. A trace of a real model shows layers as
+    time, the sink rate and mean cosine per layer and each head's attention pattern. The page
+    opens from disk, offline."""
     from attnflow.explorer import explore_html
-    from attnflow.trajectory import load
 
     output_path("--out", out, [".html"])
-    with renamed(path="RUN_FILE", view="--view", run="--run"):
-        traj = load(run_file)
-        explore_html(traj, out, run=run, view=None if view is View.auto else view.value)
+    options = {"path": "RUN_FILE", "view": "--view", "run": "--run", "attention": "--attention",
+               "onto": "--onto"}
+    picked = None if view is View.auto else view.value
+    with renamed(**options):
+        if is_trace_file(run_file):
+            from attnflow.pretrained.trace import load_trace
+
+            if run != 0:
+                unused({"--run": run}, "for a trace (one forward pass)")
+            obj = load_trace(run_file)
+        else:
+            from attnflow.trajectory import load
+
+            if onto is not Onto.pca:
+                unused({"--onto": onto.value}, "for a simulated run (it is for traces)")
+            obj = load(run_file)
+        explore_html(obj, out, run=run, view=picked, attention=attention, onto=onto.value)
     print(f"written {out} ({out.stat().st_size / 1e6:.2f} MB)")

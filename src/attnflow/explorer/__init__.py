@@ -2,6 +2,8 @@
 attention matrix, cluster counts and the order parameter, Rényi centers of causal runs.
 
 * pack: a run as compact JSON (uint16 frames in base64 and what the page shows beside them).
+* tracepack: `pack_trace`, a trace of a real model (`attnflow.pretrained.trace`) the same way,
+  layers as time: sink rate and mean cosine per layer, every layer's and head's pattern.
 * page: `explore_html`, one self-contained HTML page (no network).
 * widget: `explore`, a Jupyter widget (anywidget) on the same ES module, explorer.js.
 * live: `explore_live`, the widget simulating in the kernel as beta, mask, n, seed change.
@@ -11,9 +13,10 @@ from typing import Any
 
 from attnflow.explorer.pack import ANGLE_ERROR, COORD_ERROR, pack, unpack
 from attnflow.explorer.page import explore_html
+from attnflow.explorer.tracepack import PATTERN_ERROR, pack_trace, unpack_patterns
 
-__all__ = ["ANGLE_ERROR", "COORD_ERROR", "Explorer", "LiveExplorer", "explore",
-           "explore_html", "explore_live", "pack", "unpack"]
+__all__ = ["ANGLE_ERROR", "COORD_ERROR", "PATTERN_ERROR", "Explorer", "LiveExplorer", "explore",
+           "explore_html", "explore_live", "pack", "pack_trace", "unpack", "unpack_patterns"]
 
 
 def __getattr__(name: str) -> Any:

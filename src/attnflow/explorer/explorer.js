@@ -2,7 +2,9 @@
 // by the Jupyter widget (attnflow.explorer.widget) and by the exported page
 // (attnflow.explorer.page, whose small shim plays `model`). No network, no dependencies.
 //
-// model keys: "data" (attnflow.explorer.pack's dict: uint16 frames in base64 and the series),
+// model keys: "data" (attnflow.explorer.pack's dict: uint16 frames in base64 and the series;
+// or attnflow.explorer.tracepack's, kind "trace": layers as time, mean cosine and sink rate
+// per layer, uint8 attention patterns per layer and head),
 // "frame" (int, the time index shown), "color" ("index" or "cluster"), "camera"
 // ([elevation, azimuth] in degrees: the sphere's orthographic view); in live mode "live"
 // ({beta, mask, n, seed}: set by the inputs, the kernel simulates again and sends new data).
@@ -23,6 +25,10 @@ function viridis(v) {
 
 function rgb(c) {
   return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+function decodeBytes(b64) {
+  return Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0));
 }
 
 function decodeFrames(b64) {
@@ -187,8 +193,12 @@ function mount(model, el) {
   const data = model.get("data");
   const n = data.n, T = data.times.length, circle = data.view === "circle";
   const q = decodeFrames(data.frames);
+  const trace = data.kind === "trace";
+  const timeLabel = data.time_label || "t";
   const att = data.attention && n <= 400 ? data.attention : null;
-  const canCluster = data.projection === "";
+  const pat = trace && data.patterns ? data.patterns : null;
+  const patBytes = pat ? decodeBytes(pat.data) : null;
+  const canCluster = !trace && data.projection === "";
   const binOf = new Int32Array(n);
   for (let j = 0; j < n; j++) binOf[j] = Math.min(BINS - 1, Math.floor((j * BINS) / n));
   const binColor = Array.from({ length: BINS }, (_, b) => rgb(viridis((0.85 * b) / (BINS - 1))));
@@ -200,7 +210,7 @@ function mount(model, el) {
   const bar = element("div", { class: "af-bar" });
   const play = element("button", { id: "af-play", type: "button" }, "Play");
   const slider = element("input", { id: "af-slider", type: "range", min: "0", max: String(T - 1),
-                                    step: "1", "aria-label": "time index" });
+                                    step: "1", "aria-label": trace ? "layer" : "time index" });
   const speed = element("select", { id: "af-speed", "aria-label": "frames per second" });
   for (const s of SPEEDS) speed.appendChild(element("option", { value: String(s) }, `${s} fps`));
   speed.appendChild(element("option", { value: "max" }, "every screen frame"));
@@ -211,14 +221,18 @@ function mount(model, el) {
   const readout = element("span", { class: "af-readout" });
   const timeText = element("b", { id: "af-time" });
   const clusterText = element("b", { id: "af-clusters" });
-  readout.append("t = ", timeText, " · clusters: ", clusterText);
+  const cosText = element("b", { id: "af-cosine" }), sinkText = element("b", { id: "af-sink" });
+  const tokenText = element("span", { id: "af-token", class: "af-note" });
+  if (trace) readout.append(`${timeLabel} = `, timeText, " · mean cos: ", cosText, " · sink rate: ", sinkText, " ", tokenText);
+  else readout.append("t = ", timeText, " · clusters: ", clusterText);
   bar.append(play, slider, speed, color, readout);
   const panels = element("div", { class: "af-panels" });
   const main = element("canvas", { id: "af-main", class: "af-main", role: "img",
                                    "aria-label": `tokens on the ${data.view}` });
   const side = element("div", { class: "af-side" });
   const series = element("canvas", { id: "af-series", role: "img",
-                                     "aria-label": "cluster count and order parameter against time" });
+                                     "aria-label": trace ? "mean cosine and sink rate against layer" :
+                                       "cluster count and order parameter against time" });
   side.appendChild(series);
   let attn = null, sortBox = null;
   if (att) {
@@ -228,14 +242,26 @@ function mount(model, el) {
     label.append(sortBox, " sort tokens by cluster");
     side.append(element("div", { class: "af-note" }, `attention matrix at this time (${data.causal ? "causal" : "full"} mask; rows: queries, each scaled to its largest weight)`), attn, label);
   }
-  if (!att) {
-    side.appendChild(element("div", { class: "af-note", id: "af-no-attn" },
+  let patCanvas = null, headSelect = null, patCaption = null;
+  if (pat) {
+    headSelect = element("select", { id: "af-head", "aria-label": "attention head" });
+    for (let h = 0; h < pat.H; h++) headSelect.appendChild(element("option", { value: String(h) }, `head ${h}`));
+    patCaption = element("div", { class: "af-note", id: "af-pattern-caption" });
+    patCanvas = element("canvas", { id: "af-pattern", role: "img", "aria-label": "attention pattern" });
+    const row = element("div", { class: "af-bar" });
+    row.append(headSelect, patCaption);
+    side.append(row, patCanvas);
+  }
+  if (!att && !pat) {
+    side.appendChild(element("div", { class: "af-note", id: "af-no-attn" }, trace ?
+      `no attention patterns: ${data.no_patterns}` :
       "no attention matrix: the page computes it for n ≤ 400 tokens of one layer with one " +
       "head and no memory, drawn unprojected (d ≤ 3)"));
   }
   const note = element("div", { class: "af-note" });
   note.textContent = `${data.model} · n = ${n}, d = ${data.d}` +
     (data.projection ? ` · ${data.projection}` : "") +
+    (trace ? ` · ${T - 1} layers; frame l: the residual stream entering layer l (the last: leaving the model)` : "") +
     (centers ? ` · Rényi centers of the first frame (δ = ${data.delta.toFixed(3)}): black rings; strong: red` : "");
   side.appendChild(note);
   panels.append(main, side);
@@ -385,7 +411,81 @@ function mount(model, el) {
     ctx.drawImage(off, 0, 0, w, w);
   }
 
+  function drawPattern(i) { // layer i's pattern (the last layer's at the output), one head
+    const L = pat.L, li = Math.min(i, L - 1), h = Number(headSelect.value) | 0;
+    const w = Math.min(sideWidth, 320);
+    const ctx = sizedCanvas(patCanvas, w, w);
+    const base = (li * pat.H + h) * n * n;
+    const img = new ImageData(n, n);
+    for (let r = 0; r < n; r++) {
+      let top = 1; // each row on its own scale: a weight over the row's largest
+      for (let s = 0; s < n; s++) top = Math.max(top, patBytes[base + r * n + s]);
+      for (let s = 0; s < n; s++) {
+        const v = viridis(patBytes[base + r * n + s] / top);
+        const o = 4 * (r * n + s);
+        img.data[o] = v[0]; img.data[o + 1] = v[1]; img.data[o + 2] = v[2]; img.data[o + 3] = 255;
+      }
+    }
+    const off = document.createElement("canvas");
+    off.width = n; off.height = n;
+    off.getContext("2d").putImageData(img, 0, 0);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(off, 0, 0, w, w);
+    patCaption.textContent = `attention pattern of layer ${li}${i > li ? " (the last)" : ""}, ` +
+      "rows: queries, each scaled to its largest weight";
+  }
+
+  function drawTraceSeries(i) { // mean cosine (left axis) and sink rate (right) per layer
+    const w = sideWidth, h = 160, left = 34, right = 34, top = 20, bottom = 22;
+    const ctx = sizedCanvas(series, w, h);
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, w, h);
+    const t1 = Math.max(1, T - 1), lo = Math.min(0, ...data.cosine);
+    const X = (v) => left + (v / t1) * (w - left - right);
+    const Y = (v, a, b) => top + (1 - (v - a) / (b - a)) * (h - top - bottom);
+    ctx.strokeStyle = "#ccc";
+    ctx.strokeRect(left, top, w - left - right, h - top - bottom);
+    const line = (values, a, style) => {
+      ctx.beginPath();
+      let on = false;
+      values.forEach((v, k) => {
+        if (v === null || v === undefined) { on = false; return; }
+        if (on) ctx.lineTo(X(k), Y(v, a, 1)); else ctx.moveTo(X(k), Y(v, a, 1));
+        on = true;
+      });
+      ctx.strokeStyle = style;
+      ctx.lineWidth = 1.5;
+      ctx.stroke();
+    };
+    line(data.cosine, lo, "#1f4e99");
+    const hasSink = data.sink.some((v) => v !== null);
+    if (hasSink) line(data.sink, 0, "#e07b00");
+    ctx.font = "11px system-ui,sans-serif";
+    ctx.fillStyle = "#1f4e99";
+    ctx.fillText("1", 4, top + 8);
+    ctx.fillText(lo.toFixed(2).replace(/\.?0+$/, "") || "0", 4, h - bottom);
+    ctx.fillText("— mean cosine (left axis)", left, 12);
+    if (hasSink) {
+      ctx.fillStyle = "#e07b00";
+      ctx.fillText("1", w - right + 6, top + 8);
+      ctx.fillText("0", w - right + 6, h - bottom);
+      const sinkLabel = "— sink rate (right axis)";
+      ctx.fillText(sinkLabel, w - right - ctx.measureText(sinkLabel).width, 12);
+    }
+    ctx.fillStyle = "#444";
+    ctx.fillText(`${timeLabel} = 0`, left, h - 6);
+    const endLabel = String(T - 1);
+    ctx.fillText(endLabel, w - right - ctx.measureText(endLabel).width, h - 6);
+    ctx.strokeStyle = "#c00";
+    ctx.beginPath();
+    ctx.moveTo(X(i), top);
+    ctx.lineTo(X(i), h - bottom);
+    ctx.stroke();
+    return { X: (v) => X(v), left, right, w };
+  }
+
   function drawSeries(i) {
+    if (trace) return drawTraceSeries(i);
     const w = sideWidth, h = 160, left = 34, right = 34, top = 20, bottom = 22;
     const ctx = sizedCanvas(series, w, h);
     ctx.fillStyle = "#fff";
@@ -437,11 +537,15 @@ function mount(model, el) {
     const P = framePoints(data, q, i);
     drawMain(i, P);
     if (attn) drawAttention(i, P);
+    if (patCanvas) drawPattern(i);
     seriesAxis = drawSeries(i);
     slider.value = String(i);
     timeText.textContent = Number(data.times[i].toPrecision(4)).toString();
     timeText.dataset.frame = String(i);
-    clusterText.textContent = String(data.clusters[i]);
+    if (trace) {
+      cosText.textContent = data.cosine[i].toFixed(3);
+      sinkText.textContent = data.sink[i] === null ? "–" : data.sink[i].toFixed(2);
+    } else clusterText.textContent = String(data.clusters[i]);
     color.value = model.get("color") === "cluster" && canCluster ? "cluster" : "index";
     drawn += 1;
     el.dataset.drawn = String(drawn);
@@ -482,6 +586,7 @@ function mount(model, el) {
   slider.addEventListener("input", () => setFrame(Number(slider.value)));
   color.addEventListener("change", () => { model.set("color", color.value); model.save_changes(); });
   if (sortBox) sortBox.addEventListener("change", draw);
+  if (headSelect) headSelect.addEventListener("change", draw);
   series.addEventListener("click", (ev) => {
     if (!seriesAxis) return;
     const rect = series.getBoundingClientRect();
@@ -491,12 +596,29 @@ function mount(model, el) {
     setFrame(best);
   });
 
+  // ----- the token under the pointer (traces: its text)
+  function showToken(ev) {
+    if (!trace) return;
+    const rect = main.getBoundingClientRect();
+    const c = size / 2, R = size * (circle ? 0.38 : 0.44);
+    const S = projectPoints(framePoints(data, q, frameIndex()), n);
+    let best = -1, bestD = 64; // within 8 px
+    for (let j = 0; j < n; j++) {
+      if (!circle && S[3 * j + 2] < 0) continue;
+      const dx = c + R * S[3 * j] - (ev.clientX - rect.left), dy = c + R * S[3 * j + 1] - (ev.clientY - rect.top);
+      if (dx * dx + dy * dy < bestD) { bestD = dx * dx + dy * dy; best = j; }
+    }
+    tokenText.textContent = best < 0 ? "" :
+      `· token ${best}${data.labels ? `: ${JSON.stringify(data.labels[best])}` : ""}`;
+  }
+  if (circle) main.addEventListener("pointermove", showToken);
+
   // ----- turning the sphere
   let dragFrom = null;
   if (!circle) {
     main.addEventListener("pointerdown", (ev) => { dragFrom = [ev.clientX, ev.clientY, ...camera()]; main.setPointerCapture(ev.pointerId); });
     main.addEventListener("pointermove", (ev) => {
-      if (!dragFrom) return;
+      if (!dragFrom) { showToken(ev); return; }
       const elev = Math.max(-90, Math.min(90, dragFrom[2] + 0.5 * (ev.clientY - dragFrom[1])));
       const azim = dragFrom[3] + 0.5 * (ev.clientX - dragFrom[0]);
       model.set("camera", [elev, azim]);

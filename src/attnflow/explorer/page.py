@@ -14,9 +14,10 @@ from typing import Any
 from attnflow._checks import fail
 from attnflow._files import write_text
 from attnflow.explorer.pack import pack
+from attnflow.explorer.tracepack import is_trace, pack_trace
 from attnflow.trajectory import Trajectory
 
-__all__ = ["explore_html", "module_source", "page_html"]
+__all__ = ["explore_html", "module_source", "packed_for", "page_html"]
 
 # The page's `model`: a plain object with anywidget's methods, whose `set` calls the
 # listeners of "change:<key>" at once (a page has no kernel to sync with).
@@ -60,6 +61,26 @@ h1{{font:600 16px system-ui,sans-serif;margin:0 0 4px}}
 """
 
 
+def packed_for(obj: Trajectory | Any, *, run: int = 0, view: str | None = None,
+               basis: Any = None, attention: bool | None = None,
+               onto: str = "pca") -> dict[str, Any]:
+    """`pack` of a Trajectory or `pack_trace` of a trace (dispatch on the type). For a
+    Trajectory, attention=True asks for the attention matrix (an error when the page cannot
+    compute it) and onto must be "pca"."""
+    if is_trace(obj):
+        return pack_trace(obj, view=view, basis=basis, onto=onto, attention=attention)
+    if onto != "pca":
+        raise fail("onto", "'pca' for a simulated run ('sphere' is for traces)", repr(onto))
+    packed = pack(obj, run=run, view=view, basis=basis)
+    if attention and packed["attention"] is None:
+        raise fail("attention", "a run whose attention matrix the page computes (n <= 400 "
+                   "tokens of one layer with one head, no memory, d <= 3)",
+                   f"n = {obj.n}, d = {obj.d}, {len(obj.model.layers)} layer(s)")
+    if attention is False:
+        packed["attention"] = None
+    return packed
+
+
 def module_source() -> str:
     """The text of explorer.js, the ES module shared by the page and the widget."""
     return resources.files("attnflow.explorer").joinpath("explorer.js").read_text("utf-8")
@@ -77,13 +98,18 @@ def page_html(packed: dict[str, Any], title: str = "attnflow explorer") -> str:
     return _PAGE.format(title=html.escape(title), state=text, module=module, shim=_SHIM)
 
 
-def explore_html(traj: Trajectory, path: str | os.PathLike, *, run: int = 0,
-                 view: str | None = None, basis: Any = None, title: str | None = None) -> Path:
-    """Write the explorer of one run as one self-contained HTML page (opens from disk, no
-    network), atomically; return its path.
+def explore_html(traj: Trajectory | Any, path: str | os.PathLike, *, run: int = 0,
+                 view: str | None = None, basis: Any = None, title: str | None = None,
+                 attention: bool | None = None, onto: str = "pca") -> Path:
+    """Write the explorer of one run, or of a trace of a real model, as one self-contained
+    HTML page (opens from disk, no network), atomically; return its path.
 
     traj, run, view, basis : as for `attnflow.explorer.pack` (view "circle" for d = 2,
-        "sphere" for d >= 3).
+        "sphere" for d >= 3). traj may be a trace (`attnflow.pretrained.trace_dataset`,
+        `load_trace`): then layers are the time, and view, basis, onto and attention are as
+        for `attnflow.explorer.tracepack.pack_trace` (run is ignored).
+    attention : None (shown when available), True (an error when the run's attention matrix
+        or the trace's patterns cannot be shown, naming what is missing), False (not shown).
     path : the page to write (a name ending in .html).
     title : the page's heading; default the model's short repr and n.
 
@@ -94,7 +120,9 @@ def explore_html(traj: Trajectory, path: str | os.PathLike, *, run: int = 0,
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         raise fail("path", "a file name ending in .html", str(path))
-    packed = pack(traj, run=run, view=view, basis=basis)
+    packed = packed_for(traj, run=run, view=view, basis=basis, attention=attention, onto=onto)
     if title is None:
-        title = f"attnflow explorer: n = {traj.n}, d = {traj.d}, {packed['mask']} attention"
+        title = (f"attnflow explorer: {packed['model']}, {packed['n']} tokens, "
+                 f"{len(packed['times']) - 1} layers" if is_trace(traj) else
+                 f"attnflow explorer: n = {traj.n}, d = {traj.d}, {packed['mask']} attention")
     return write_text(path, page_html(packed, title))

@@ -11,8 +11,7 @@ import numpy as np
 import traitlets
 
 from attnflow._checks import fail
-from attnflow.explorer.pack import pack
-from attnflow.explorer.page import module_source
+from attnflow.explorer.page import module_source, packed_for
 from attnflow.trajectory import Trajectory
 
 __all__ = ["Explorer", "explore"]
@@ -21,9 +20,10 @@ COLORS = ("index", "cluster")
 
 
 class Explorer(anywidget.AnyWidget):
-    """The explorer of one run in a notebook. Synced traits (front end <-> Python):
+    """The explorer of one run, or of a trace of a real model (layers as time), in a notebook.
+    Synced traits (front end <-> Python):
 
-    frame : int, the index of the time shown (0 <= frame < T).
+    frame : int, the index of the time shown (0 <= frame < T; the layer of a trace).
     color : "index" (arrival order) or "cluster" (single-linkage clusters of the frame).
     camera : [elevation, azimuth] in degrees, the sphere's orthographic view (dragging the
         sphere sets it).
@@ -39,10 +39,12 @@ class Explorer(anywidget.AnyWidget):
     camera = traitlets.List(traitlets.Float(), [20.0, -60.0], minlen=2, maxlen=2).tag(sync=True)
     view = traitlets.Unicode().tag(sync=True)
 
-    def __init__(self, traj: Trajectory, *, run: int = 0, view: str | None = None,
-                 basis: Any = None, **kwargs: Any) -> None:
-        packed = pack(traj, run=run, view=view, basis=basis)
-        self._traj, self._run, self._basis = traj, run, basis
+    def __init__(self, traj: Trajectory | Any, *, run: int = 0, view: str | None = None,
+                 basis: Any = None, attention: bool | None = None, onto: str = "pca",
+                 **kwargs: Any) -> None:
+        self._options = {"run": run, "basis": basis, "attention": attention, "onto": onto}
+        packed = packed_for(traj, view=view, **self._options)
+        self._traj = traj
         super().__init__(data=packed, view=packed["view"], **kwargs)
 
     @property
@@ -52,7 +54,11 @@ class Explorer(anywidget.AnyWidget):
 
     @property
     def cluster_count(self) -> int:
-        """The cluster count of the frame shown (at the package's default tolerance)."""
+        """The cluster count of the frame shown (at the package's default tolerance); a trace
+        has none (an error)."""
+        if self.data.get("clusters") is None:
+            raise fail("cluster_count", "a simulated run (a trace has sink rate and mean "
+                       "cosine per layer instead)", "a trace")
         return int(self.data["clusters"][self.frame])
 
     def show(self, t: float) -> None:
@@ -76,17 +82,18 @@ class Explorer(anywidget.AnyWidget):
     @traitlets.validate("view")
     def _check_view(self, proposal: dict[str, Any]) -> str:
         if self.data and proposal["value"] != self.data["view"]:
-            self.data = pack(self._traj, run=self._run, view=proposal["value"],
-                             basis=self._basis)
+            self.data = packed_for(self._traj, view=proposal["value"], **self._options)
         return proposal["value"]
 
 
-def explore(traj: Trajectory, *, run: int = 0, view: str | None = None,
-            basis: Any = None) -> Explorer:
-    """The explorer of one run as a Jupyter widget (display it, or leave it last in a cell).
+def explore(traj: Trajectory | Any, *, run: int = 0, view: str | None = None,
+            basis: Any = None, attention: bool | None = None, onto: str = "pca") -> Explorer:
+    """The explorer of one run, or of a trace of a real model, as a Jupyter widget (display
+    it, or leave it last in a cell).
 
-    traj, run, view, basis : as for `attnflow.explorer.pack`. The widget shows what the
-    exported page (`explore_html`) shows; its `frame`, `color` and `camera` follow the
-    controls and move them when set from Python.
+    traj, run, view, basis, attention, onto : as for `attnflow.explorer.explore_html` (a
+    trace: `attnflow.explorer.tracepack.pack_trace`). The widget shows what the exported page
+    shows; its `frame`, `color` and `camera` follow the controls and move them when set from
+    Python.
     """
-    return Explorer(traj, run=run, view=view, basis=basis)
+    return Explorer(traj, run=run, view=view, basis=basis, attention=attention, onto=onto)
