@@ -184,19 +184,9 @@ def load(path: str | os.PathLike) -> Trajectory:
         raise fail("path", f"a file name ending in one of {sorted(FORMATS)}", str(path))
     if not path.exists():
         raise FileNotFoundError(f"path: no trajectory at {path}")
-    import xarray as xr
 
     expected = f"a run written by attnflow (Trajectory.save, attnflow simulate) as {kind}"
-    try:
-        if kind == "netcdf":
-            with xr.open_dataset(path, engine="h5netcdf") as ds:
-                ds = ds.load()
-        else:
-            with xr.open_zarr(path, consolidated=False) as ds:
-                ds = ds.load()
-    except Exception as err:  # any reader failure: not a readable file of this kind
-        raise fail("path", expected, f"{path}, which cannot be read ({_first_line(err)})"
-                   ) from None
+    ds = read_dataset(path, kind, expected)
     if "attnflow" not in ds.attrs:
         what = ("a sweep store (open it with xarray.open_zarr)" if "attnflow_sweep" in ds.attrs
                 else "a dataset without the 'attnflow' record")
@@ -206,6 +196,22 @@ def load(path: str | os.PathLike) -> Trajectory:
     except (KeyError, TypeError, ValueError) as err:
         raise fail("path", expected, f"{path}, whose record does not match its data "
                    f"({_first_line(err)})") from None
+
+
+def read_dataset(path: Path, kind: str, expected: str) -> xr.Dataset:
+    """The whole Dataset of an existing file of `kind` ("netcdf": h5netcdf, or "zarr"),
+    loaded into memory; a ValueError naming the file and `expected` when it cannot be read."""
+    import xarray as xr
+
+    try:
+        if kind == "netcdf":
+            with xr.open_dataset(path, engine="h5netcdf") as ds:
+                return ds.load()
+        with xr.open_zarr(path, consolidated=False) as ds:
+            return ds.load()
+    except Exception as err:  # any reader failure: not a readable file of this kind
+        raise fail("path", expected, f"{path}, which cannot be read ({_first_line(err)})"
+                   ) from None
 
 
 def _first_line(err: BaseException) -> str:

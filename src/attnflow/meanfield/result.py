@@ -18,6 +18,7 @@ from attnflow._files import atomic_path, consolidating
 from attnflow._version import __version__, git_commit
 from attnflow.family import Block, model_from_record
 from attnflow.meanfield.spectral import to_grid
+from attnflow.trajectory import read_dataset
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -124,19 +125,8 @@ def load(path: str | os.PathLike) -> MeanFieldResult:
     kind = _kind(path)
     if not path.exists():
         raise FileNotFoundError(f"path: no mean-field result at {path}")
-    import xarray as xr
-
     expected = f"a mean-field result written by attnflow (MeanFieldResult.save) as {kind}"
-    try:
-        if kind == "netcdf":
-            with xr.open_dataset(path, engine="h5netcdf") as ds:
-                ds = ds.load()
-        else:
-            with xr.open_zarr(path, consolidated=False) as ds:
-                ds = ds.load()
-    except Exception as err:  # any reader failure: not a readable file of this kind
-        raise fail("path", expected, f"{path}, which cannot be read ({type(err).__name__})"
-                   ) from None
+    ds = read_dataset(path, kind, expected)
     if "attnflow_meanfield" not in ds.attrs:
         raise fail("path", expected, f"{path}, a dataset without the 'attnflow_meanfield' "
                    "record")
