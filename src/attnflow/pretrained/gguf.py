@@ -54,11 +54,11 @@ Its tokenizer is SentencePiece (``tokenizer.ggml.model = "llama"``, `attnflow.pr
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -66,6 +66,14 @@ from attnflow._checks import describe, fail
 from attnflow._repr import ShortRepr
 from attnflow.family.positional import RoPE
 from attnflow.pretrained.checkpoint import HF_INITIALIZER_RANGE, AttentionLayer
+from attnflow.pretrained.ggufheader import (
+    INDEX,
+    READ_ERRORS,
+    ReaderFields,
+    from_index,
+    tensor_info,
+    to_index,
+)
 from attnflow.pretrained.weightcache import WeightCache, cache_root
 
 __all__ = ["ARCHITECTURES", "DecoderBlock", "DecoderConfig", "GGUFModel", "LlamaBlock",
@@ -79,9 +87,6 @@ _TENSORS = {"llama": _BLOCK_TENSORS, "gemma3": _BLOCK_TENSORS + _GEMMA3_TENSORS}
 GEMMA3_PATTERN = 6  # llama.cpp's default for gemma3: every sixth layer global
 GEMMA3_LOCAL_BASE = 10000.0  # llama.cpp's default RoPE base of gemma3's local layers
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
-# What the reader may raise on a malformed file (UnicodeDecodeError is a ValueError).
-_READ_ERRORS = (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError,
-                MemoryError, EOFError)
 
 
 @dataclass(frozen=True, repr=False)
@@ -229,10 +234,10 @@ class GGUFModel:
             self._cache_root = Path(cache)
         else:
             raise fail("cache", "True, False or a folder", repr(cache))
-        index = None if self._cache is None else _index(self._cache.read_json(_INDEX))
+        index = None if self._cache is None else from_index(self._cache.read_json(INDEX))
         if index is None:  # parse the file's header (Gemma 3's: ~20 s, its 262k-token vocab)
-            self._fields: Mapping[str, Any] = _ReaderFields(self._reader, self._corrupt)
-            self._tensors = {t.name: _info(t) for t in self._reader.tensors}
+            self._fields: Mapping[str, Any] = ReaderFields(self._reader, self._corrupt)
+            self._tensors = {t.name: tensor_info(t) for t in self._reader.tensors}
         else:
             self._fields, self._tensors = index
         arch = self._meta("general.architecture", str)
@@ -244,10 +249,7 @@ class GGUFModel:
         self._check_tensors()
         self._blocks: dict[int, DecoderBlock] = {}
         if index is None and self._cache is not None:
-            self._cache.write_json(_INDEX, {
-                "format": _INDEX_FORMAT, "fields": dict(self._fields),
-                "tensors": {k: [list(t.shape), t.type, t.offset, t.raw_dtype, list(t.raw_shape)]
-                            for k, t in self._tensors.items()}})
+            self._cache.write_json(INDEX, to_index(self._fields, self._tensors))
 
     @cached_property
     def _cache(self) -> WeightCache | None:
@@ -286,7 +288,7 @@ class GGUFModel:
                        f"{self.path.name} (pip install 'attnflow[pretrained]')", "none") from err
         try:
             return gguf.GGUFReader(self.path)
-        except _READ_ERRORS as err:
+        except READ_ERRORS as err:
             raise self._corrupt(err) from err
 
     def _corrupt(self, err: BaseException) -> ValueError:
@@ -459,7 +461,7 @@ class GGUFModel:
         except NotImplementedError as err:
             raise fail("path", "tensors of a type the gguf package dequantises",
                        f"{kind} for {name!r} in {str(self.path)!r}") from err
-        except _READ_ERRORS as err:
+        except READ_ERRORS as err:
             raise self._corrupt(err) from err
         bad = a.size - int(np.count_nonzero(np.isfinite(a)))
         if bad:
@@ -624,84 +626,3 @@ def check_ids(token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
     if ids.min() < 0 or ids.max() >= vocab_size:
         raise fail("token_ids", f"ids in [0, {vocab_size})", f"ids in [{ids.min()}, {ids.max()}]")
     return ids
-
-
-class TensorInfo(NamedTuple):
-    """A tensor of the file as its header lists it: shape in GGUF's order (columns first),
-    storage type (e.g. "Q4_K", "F32"), and where its stored data lies: byte offset in the
-    file, numpy dtype and shape of the stored (quantised) array."""
-
-    shape: tuple[int, ...]
-    type: str
-    offset: int
-    raw_dtype: str
-    raw_shape: tuple[int, ...]
-
-
-def _info(t: Any) -> TensorInfo:
-    """The `TensorInfo` of a `gguf.ReaderTensor`."""
-    return TensorInfo(tuple(int(s) for s in t.shape), t.tensor_type.name, int(t.data_offset),
-                      t.data.dtype.str, tuple(int(s) for s in t.data.shape))
-
-
-_INDEX, _INDEX_FORMAT = "header", 2  # the parsed header in the weight cache
-
-
-def _index(doc: Any) -> tuple[dict[str, Any], dict[str, TensorInfo]] | None:
-    """(fields, tensors) from a cached header document; None when it is not one."""
-    try:
-        if doc["format"] != _INDEX_FORMAT or not isinstance(doc["fields"], dict):
-            return None
-        return doc["fields"], {name: TensorInfo(tuple(int(s) for s in shape), str(kind),
-                                                int(offset), str(dtype),
-                                                tuple(int(s) for s in raw))
-                               for name, (shape, kind, offset, dtype, raw)
-                               in doc["tensors"].items()}
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-
-
-class _ReaderFields(Mapping):
-    """The reader's metadata as {key: value} (`_field_value`), each converted when read; a
-    malformed entry raises the file's error (`corrupt`)."""
-
-    def __init__(self, reader: Any, corrupt: Any) -> None:
-        self._fields = reader.fields
-        self._corrupt = corrupt
-
-    def __getitem__(self, key: str) -> Any:
-        try:
-            return _field_value(self._fields[key])
-        except KeyError:
-            raise
-        except _READ_ERRORS as err:
-            raise self._corrupt(err) from err
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._fields)
-
-    def __len__(self) -> int:
-        return len(self._fields)
-
-
-def _field_value(entry: Any) -> Any:
-    """The value of a `gguf.ReaderField`: a str, int, float or bool, or a list of them."""
-    import gguf
-
-    kinds = entry.types
-    if not kinds:
-        raise ValueError(f"metadata {entry.name!r} without a type")
-    if kinds[0] == gguf.GGUFValueType.ARRAY:
-        return [_scalar(entry.parts[i], kinds[-1]) for i in entry.data]
-    return _scalar(entry.parts[entry.data[0]], kinds[0])
-
-
-def _scalar(part: np.ndarray, kind: Any) -> Any:
-    import gguf
-
-    if kind == gguf.GGUFValueType.STRING:
-        return bytes(part).decode("utf-8")
-    if kind == gguf.GGUFValueType.BOOL:
-        return bool(part[0])
-    value = part[0]
-    return float(value) if np.issubdtype(part.dtype, np.floating) else int(value)
