@@ -16,14 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from headless import chromium, needs_chromium
 
 import attnflow as af
 
-webdriver = pytest.importorskip("selenium.webdriver")
-CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
-DRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
-                                reason="headless Chromium and chromedriver not installed")
+pytest.importorskip("selenium.webdriver")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +38,7 @@ def pages(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def driver():
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--hide-scrollbars", "--window-size=1280,900"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    browser = webdriver.Chrome(options=options, service=Service(DRIVER))
-    browser.set_page_load_timeout(60)
+    browser = chromium()
     try:
         yield browser
     finally:

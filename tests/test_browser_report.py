@@ -16,31 +16,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from headless import chromium, needs_chromium
 from report_fixture import write_results
 
 from attnflow.report import VERDICTS, write_report
 
-webdriver = pytest.importorskip("selenium.webdriver")
-CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
-DRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
-                                reason="headless Chromium and chromedriver not installed")
+pytest.importorskip("selenium.webdriver")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
-    from selenium.webdriver.chrome.service import Service
-
     out = tmp_path_factory.mktemp("browser")
     _, html = write_report(write_results(out), out)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--hide-scrollbars", "--window-size=1280,900"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
-    driver.set_page_load_timeout(60)
+    driver = chromium()
     try:
         driver.get(html.as_uri())
         yield driver

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,13 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
+from headless import chromium, needs_chromium
 
 pytestmark = pytest.mark.slow
 for module in ("jupyterlab", "ipykernel", "anywidget"):
     pytest.importorskip(module)
-webdriver = pytest.importorskip("selenium.webdriver")
-CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
-DRIVER = shutil.which("chromedriver")
+pytest.importorskip("selenium.webdriver")
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 CELL = """
@@ -46,9 +44,8 @@ def _until(condition, seconds, what):
     raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
-@pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="no Chromium / chromedriver")
+@needs_chromium
 def test_the_widget_draws_and_syncs_in_jupyterlab(tmp_path):
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -74,12 +71,7 @@ def test_the_widget_draws_and_syncs_in_jupyterlab(tmp_path):
          f"--ServerApp.root_dir={tmp_path}", f"--LabApp.workspaces_dir={tmp_path}",
          "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
         env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"))
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,1000"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
+    driver = chromium(window="1280,1000", logs=False)
     try:
         url = f"http://127.0.0.1:{port}/lab/tree/explore.ipynb?token=t0ken"
         _until(lambda: _up(port) or server.poll() is not None, 90, "the server")
