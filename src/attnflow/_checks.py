@@ -81,6 +81,12 @@ def number(name: str, value: Any, low: float = -np.inf, high: float = np.inf,
     return v
 
 
+def inverse_temperature(name: str, value: Any) -> float:
+    """An inverse temperature beta: a finite float of either sign (beta < 0 is repulsive
+    attention, docs/science.md §6)."""
+    return number(name, value, expected="a finite number (beta of either sign)")
+
+
 def nonnegative(name: str, value: Any) -> float:
     """A finite float >= 0."""
     return number(name, value, 0.0)

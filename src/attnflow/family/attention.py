@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._checks import describe, fail, finite_array, nonnegative
+from attnflow._checks import describe, fail, finite_array, inverse_temperature
 from attnflow.family.heads import (
     Head,
     ProjectionBias,
@@ -63,7 +63,7 @@ class SelfAttention:
     heads : a non-empty list of (Q, K, V) triples or (Q, K, V, O) quadruples
         (`attnflow.family.heads`); Q, K of shape (e, d) with one head size e per head, None
         the identity. Grouped-query heads share their K and V: pass the same arrays.
-    beta : inverse temperature, >= 0.
+    beta : inverse temperature, a finite number of either sign (beta < 0: repulsive).
     mask : "causal" (default), "full", ("window", w) (a causal sliding window of w tokens) or
         a boolean (n, n) array.
     memory : optional (points (m, d) on the sphere, weights (m,) > 0): fixed tokens every
@@ -94,7 +94,7 @@ class SelfAttention:
         biases: ProjectionBias | None = None,
         single: bool = False,
     ) -> None:
-        self.beta = nonnegative("beta", beta)
+        self.beta = inverse_temperature("beta", beta)
         self.mask = check_mask(mask)
         if combine not in ("sum", "mean"):
             raise fail("combine", "'sum' or 'mean'", repr(combine))

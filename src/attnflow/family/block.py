@@ -294,7 +294,7 @@ class Attention(Block):
     Q, K : query and key matrices acting on column vectors, (e, d) with the same head size e
         (the score of (k, j) is beta theta_k^T Q^T K theta_j). None means the identity (e = d).
     V : (d, d) value matrix; None means the identity.
-    beta : inverse temperature, >= 0.
+    beta : inverse temperature, a finite number of either sign (beta < 0: repulsive).
     mask : "causal" (default), "full", ("window", w) or "window:W", a boolean (n, n) array
         or the name of an .npy file holding one.
     memory : optional (points (m, d) on the sphere, weights (m,) > 0): fixed tokens every
