@@ -33,6 +33,8 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
     "self_weight", "sink_rate", "spanning_tree", "strong_renyi_center_count",
     "strong_renyi_centers", "tau_beta", "theorem52_conditions", "theorem52_max_N",
     "theorem52_min_beta", "uniform_fluctuation",
+    "LimitStatistics", "cap_constant", "critical_beta", "limit_keys", "limit_statistics",
+    "mean_kernel", "nearest_gaps", "poisson_gaps", "sample_gaps", "weight_statistics",
 )
 _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},

@@ -46,6 +46,8 @@ REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
               ("N. Karagodin", "S. Ge", "Y. Polyanskiy", "P. Rigollet"), "NeurIPS 2025"),
     Reference("2510.05554", "Critical attention scaling in long-context transformers",
               ("S. Chen", "Z. Lin", "Y. Polyanskiy", "P. Rigollet"), "ICLR 2026"),
+    Reference("2605.08505", "Scaling Limits of Long-Context Transformers",
+              ("G. Bruno", "P. Rigollet", "S. Chen", "Y. Polyanskiy", "Z. Lin")),
     Reference("2410.23228", "Emergence of meta-stable clustering in mean-field transformer "
               "models", ("G. Bruno", "F. Pasqualotto", "A. Agazzi"), "ICLR 2025"),
     Reference("2410.06833", "Dynamic metastability in the self-attention model",

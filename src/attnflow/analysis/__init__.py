@@ -18,6 +18,10 @@
 * kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients.
+* selectivity: one query over n iid uniform keys on S^{d-1} (docs/science.md §11.4): the
+  critical scale beta_n = gamma n^{2/(d-1)}, the moments of the weights' limit law (a Poisson
+  process of the nearest keys), exact samplers of the gaps 1 - <q, k>, the weights'
+  statistics.
 
 Definitions follow docs/science.md §§2-4 and are restated in each docstring.
 """
@@ -81,6 +85,18 @@ from attnflow.analysis.parking import (
     renyi_parking_mean,
 )
 from attnflow.analysis.renyi import consumed_fraction, renyi_centers, strong_renyi_centers
+from attnflow.analysis.selectivity import (
+    LimitStatistics,
+    cap_constant,
+    critical_beta,
+    limit_keys,
+    limit_statistics,
+    mean_kernel,
+    nearest_gaps,
+    poisson_gaps,
+    sample_gaps,
+    weight_statistics,
+)
 from attnflow.analysis.theory import (
     Lemma51Bound,
     RemarkB2Check,
@@ -157,4 +173,14 @@ __all__ = [
     "growth_rate",
     "hardy_kernel",
     "inverse_cdf",
+    "LimitStatistics",
+    "cap_constant",
+    "critical_beta",
+    "limit_keys",
+    "limit_statistics",
+    "mean_kernel",
+    "nearest_gaps",
+    "poisson_gaps",
+    "sample_gaps",
+    "weight_statistics",
 ]
