@@ -161,7 +161,8 @@ def test_mean_kernel_against_quadrature_of_the_score_law(d):
     # <q, k> has density proportional to (1 - s^2)^{(d-3)/2} on [-1, 1]
     norm = quad(lambda s: (1 - s * s) ** ((d - 3) / 2), -1, 1)[0]
     for beta in (0.5, 7.0, 60.0):
-        want = quad(lambda s: np.exp(-beta * (1 - s)) * (1 - s * s) ** ((d - 3) / 2), -1, 1,
+        want = quad(lambda s, beta=beta: np.exp(-beta * (1 - s)) * (1 - s * s) ** ((d - 3) / 2),
+                    -1, 1,
                     epsabs=1e-15, points=[1 - 1 / beta] if beta > 1 else None)[0] / norm
         assert float(mean_kernel(d, beta)) == pytest.approx(want, rel=1e-8)
 

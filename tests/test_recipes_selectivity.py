@@ -51,10 +51,12 @@ def test_gamma_grid_and_limit_law_on_s2(result):
     r = res["numbers"]["by_d"][1]
     # on S^2, b = c_3 (2 / gamma) = 1 / (2 gamma)
     assert np.allclose(r["gammas"], [0.5, 2.0])
+    def ein(t):
+        return 0.5772156649015329 + np.log(t) + exp1(t) if t > 1e-8 else t
+
     for b, lim in zip(TINY["keys"], r["limit"]):
-        def ein(t):
-            return 0.5772156649015329 + np.log(t) + exp1(t) if t > 1e-8 else t
-        want = quad(lambda t: np.exp(-t - b * ein(t)), 0, np.inf, epsabs=1e-13, limit=200)[0]
+        want = quad(lambda t, b=b: np.exp(-t - b * ein(t)), 0, np.inf, epsabs=1e-13,
+                    limit=200)[0]
         assert lim["max_weight"] == pytest.approx(want, rel=1e-7)
 
 
