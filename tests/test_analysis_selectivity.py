@@ -180,3 +180,22 @@ def test_critical_beta_and_errors():
         mean_kernel(3, [1.0, -1.0])
     with pytest.raises(ValueError, match="n: expected an integer >= 1"):
         sample_gaps(0, 3, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", [2, 3, 5])
+def test_a_million_keys_follow_the_limit_law(d):
+    # n = 1e6 with the exact nearest-gap sampler, 8000 contexts; on S^4 the cap correction
+    # (about -0.2 % of E[1/sum w^2] here, docs/science.md §11.4) is below one standard error.
+    n, gamma_ = 10**6, 2 * (cap_constant(d) / 1.0) ** (2 / (d - 1))  # b = 1
+    rng = np.random.default_rng(21 + d)
+    k = int(np.ceil((np.log(n) + 30) ** ((d - 1) / 2))) + 16
+    law = limit_statistics(d, gamma_)
+    got = {name: [] for name in ("max_weight", "participation", "effective_keys")}
+    for _ in range(8):
+        st = weight_statistics(nearest_gaps(n, d, k, 1000, rng), float(critical_beta(n, d, gamma_)))
+        for name in got:
+            got[name].append(st[name])
+    for name, parts in got.items():
+        v = np.concatenate(parts)
+        assert abs(v.mean() - getattr(law, name)) < 4 * v.std() / np.sqrt(v.size), name
