@@ -1,8 +1,10 @@
 """Reproduction recipes: one module per claim or figure of the paper (docs/science.md §§2-5),
-and per claim of the follow-up literature (§6) and of real decoders (§7).
+per claim of the follow-up literature (§6) and of real decoders (§7), and per closed form of
+2025-26 (§11).
 
 `RECIPES` maps each recipe's name to its module, in the order of the report; `SUITES` groups
-them: "paper" (the seed paper), "followups" (the follow-up literature and a real model); the
+them: "paper" (the seed paper), "followups" (the follow-up literature and a real model),
+"closedforms" (the closed forms of 2025-26 a simulation is held to); the
 names are listed here only. `references_of` gives the papers a recipe checks: its module's
 ``PAPERS`` (arXiv ids of `attnflow.references.REFERENCES`), the seed paper for the paper suite.
 The contract a recipe module fulfils is described in `attnflow.experiments._recipe`.
