@@ -32,7 +32,8 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
     "remark_b2_conditions", "renyi_center_count", "renyi_centers", "renyi_parking_mean",
     "self_weight", "sink_rate", "spanning_tree", "strong_renyi_center_count",
     "strong_renyi_centers", "tau_beta", "theorem52_conditions", "theorem52_max_N",
-    "theorem52_min_beta", "uniform_fluctuation",
+    "theorem52_min_beta", "three_token_state", "triangle_rates", "triangle_threshold",
+    "uniform_fluctuation",
 )
 _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},
