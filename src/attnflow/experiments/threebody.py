@@ -222,9 +222,9 @@ def _share_figure(betas, shares, c) -> Figure:
 
 
 def _paths_figure(theta0, states, betas, params) -> Figure:
-    """Softmax paths in polar form (radius 0.4 + 0.6 log(1 + t) / log(1 + T)): at the lowest beta one start
-    that synchronises and one that ends at the triangle, and that second start at beta = -0.5
-    (above the threshold), where it synchronises."""
+    """Softmax paths in polar form (radius 0.4 + 0.6 log(1 + t) / log(1 + T)): at the lowest
+    beta one start that synchronises and one that ends at the triangle, and that second start
+    at beta = -0.5 (above the threshold), where it synchronises."""
     low = int(np.argmin(betas))
     tri = np.flatnonzero(states[0, low] == TRIANGLE)
     syn = np.flatnonzero(states[0, low] == SYNCHRONISED)
