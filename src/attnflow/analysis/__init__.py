@@ -39,6 +39,7 @@ from attnflow.analysis.clusters import (
     cluster_counts,
     clusters,
     default_cluster_tol,
+    length_scale,
     spanning_tree,
 )
 from attnflow.analysis.depth import (
@@ -133,6 +134,7 @@ __all__ = [
     "h",
     "k_star",
     "kuramoto_order",
+    "length_scale",
     "lemma51_bound",
     "log_energy",
     "massive_activation",
