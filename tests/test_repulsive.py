@@ -181,3 +181,19 @@ def test_meanfield_solver_mode_rates_at_negative_beta(attention):
         rate = np.log(abs(res.coefficients[-1, 0, k]) / eps) / t
         closed = k * k * iv(k, beta) / beta / (iv(0, beta) if attention == "softmax" else 1)
         assert rate == pytest.approx(closed, rel=1e-5, abs=1e-7)
+
+
+def test_two_token_interaction_and_its_maximiser_at_negative_beta():
+    from attnflow.analysis import g, h, tau_beta
+
+    x = np.linspace(0.1, 3.0, 30)
+    for beta in (-0.5, -3.0):
+        np.testing.assert_allclose(g(x, beta), (h(x + 1e-6, beta) - h(x - 1e-6, beta)) / 2e-6,
+                                   rtol=1e-7)
+        fine = np.linspace(0, np.pi, 200_001)
+        assert tau_beta(beta) == pytest.approx(fine[np.argmax(h(fine, beta))], abs=1e-4)
+        assert tau_beta(beta) > np.pi / 2
+    # pi - tau ~ |beta|^{-1/2} far out, computed without cancellation
+    big = np.array([-1e4, -1e8, -1e12])
+    np.testing.assert_allclose((np.pi - tau_beta(big)) * np.sqrt(-big), 1.0, rtol=1e-3)
+    assert float(tau_beta(1e12)) * 1e6 == pytest.approx(1.0, rel=1e-3)
