@@ -72,8 +72,9 @@ def test_three_token_state_classifies_and_refuses_bad_input():
 
 def test_recipe_quick_run_produces_claims(tmp_path):
     (res,) = reproduce(["threebody"], out=tmp_path,
-                       overrides={"threebody": {"runs": 40, "betas": [-0.1, -0.5, -2.0],
-                                                "t_end": 100.0, "rate_t": 5.0}})
+                       overrides={"threebody": {"runs": 30, "betas": [-0.1, -0.5, -2.0],
+                                                "t_end": 60.0, "rate_t": 3.0,
+                                                "paths_t": 10.0}})
     assert res["suite"] == "closedforms" == SUITE_OF["threebody"]
     ids = [c["id"] for c in res["claims"]]
     assert ids == ["threebody.rates", "threebody.threshold", "threebody.sync_above",

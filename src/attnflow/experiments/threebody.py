@@ -209,7 +209,8 @@ def _share_figure(betas, shares, c) -> Figure:
     for i, (w, m, dx) in enumerate(zip(WEIGHTINGS, ("o", "s"), (-0.01, 0.01))):
         lo, hi = np.array(shares["synchronised_wilson"][i]).T
         s = shares["synchronised"][i]
-        ax.errorbar(np.array(betas) + dx, s, yerr=[s - lo, hi - s], fmt=m, mfc="none",
+        err = np.maximum(0.0, [s - lo, hi - s])  # Wilson's ends round past s at 0 and 1
+        ax.errorbar(np.array(betas) + dx, s, yerr=err, fmt=m, mfc="none",
                     capsize=3, label=f"{w} (95 % Wilson)")
     ax.axvline(PAPER_SYNC, color="C2", ls="--", lw=1, label="-0.16: synchronisation proved above")
     ax.axvline(c, color="C3", ls="--", lw=1, label="-2/3: not every start synchronises below")
