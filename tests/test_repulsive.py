@@ -197,3 +197,25 @@ def test_two_token_interaction_and_its_maximiser_at_negative_beta():
     big = np.array([-1e4, -1e8, -1e12])
     np.testing.assert_allclose((np.pi - tau_beta(big)) * np.sqrt(-big), 1.0, rtol=1e-3)
     assert float(tau_beta(1e12)) * 1e6 == pytest.approx(1.0, rel=1e-3)
+
+
+def test_equiangular_rhs_at_negative_beta_against_the_model():
+    """d<x_i, x_k>/dt = <F_i, x_k> + <x_i, F_k> of the model's own field, at an exact
+    equiangular start."""
+    from attnflow.analysis import equiangular_rhs, equiangular_start
+
+    for attention in ("softmax", "unnormalised"):
+        for rho in (-0.3, 0.4):
+            X = equiangular_start(4, 5, rho)
+            F = af.Attention(beta=-2.5, mask="full", attention=attention).field(X)
+            want = F[0] @ X[1] + X[0] @ F[1]
+            assert float(equiangular_rhs(rho, -2.5, 4, attention)[0]) == pytest.approx(
+                want, rel=1e-12, abs=1e-14)
+
+
+def test_live_explorer_settings_take_a_negative_beta():
+    from attnflow.explorer.live import _settings
+
+    assert _settings({"beta": -2, "mask": "full", "n": 8, "seed": 0})["beta"] == -2.0
+    with pytest.raises(ValueError, match="beta"):
+        _settings({"beta": float("nan"), "mask": "full", "n": 8, "seed": 0})
