@@ -219,3 +219,14 @@ def test_live_explorer_settings_take_a_negative_beta():
     assert _settings({"beta": -2, "mask": "full", "n": 8, "seed": 0})["beta"] == -2.0
     with pytest.raises(ValueError, match="beta"):
         _settings({"beta": float("nan"), "mask": "full", "n": 8, "seed": 0})
+
+
+def test_explorer_pack_of_a_negative_beta_run_uses_the_absolute_length_scale():
+    from attnflow.explorer import pack
+
+    tr = af.simulate(af.Attention(beta=-16.0, mask="causal"), uniform(12, 2, 1), 1.0,
+                     save_at=[0.0, 1.0], dt=0.1)
+    packed = pack(tr)
+    assert packed["delta"] == pytest.approx(1.0)  # 4 |beta|^{-1/2}
+    np.testing.assert_allclose(packed["tol"], 1 / 16)  # |beta|^{-1/2} / 4
+    assert packed["beta"] == [-16.0, -16.0]
