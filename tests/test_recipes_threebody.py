@@ -93,3 +93,10 @@ def test_recipe_quick_run_produces_claims(tmp_path):
     assert sync.shape == (2, 3) and np.all(sync[:, :2] == 1.0)  # beta = -0.1, -0.5
     assert np.all(np.array(nums["triangle"])[:, 2] > 0)  # beta = -2: some end at the triangle
     assert res["claims"][0]["verdict"] == res["claims"][1]["verdict"] == "reproduced"
+
+
+def test_recipe_refuses_a_grid_missing_a_band_of_its_claims(tmp_path):
+    import attnflow.experiments.threebody as recipe
+
+    with pytest.raises(ValueError, match="betas: expected values in each band"):
+        recipe.run({**recipe.QUICK, "betas": [-0.1, -2.0]}, 0, tmp_path, lambda f: None)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from attnflow._checks import fail
 from attnflow.analysis import three_token_state, triangle_rates, triangle_threshold
 from attnflow.analysis.threebody import OTHER, SYNCHRONISED, TRIANGLE
 from attnflow.experiments._ledger import claim
@@ -65,6 +66,11 @@ def _angles(x: np.ndarray) -> np.ndarray:
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
     h = float(params["rate_h"])
     c = triangle_threshold()
+    betas = [float(b) for b in params["betas"]]
+    if not (max(betas) >= PAPER_SYNC and min(betas) < c
+            and any(c < b < PAPER_SYNC for b in betas)):
+        raise fail("betas", "values in each band of the claims: >= -0.16, in (-2/3, -0.16) "
+                   "and < -2/3", repr(betas))
     betas_r = sorted([*map(float, params["rate_betas"]), c - h, c + h])
     rates = []
     for w in WEIGHTINGS:
@@ -75,7 +81,6 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
 
     rng = np.random.default_rng(seed)
     theta0 = rng.uniform(0.0, 2 * np.pi, (params["runs"], 3))
-    betas = [float(b) for b in params["betas"]]
     states = np.zeros((len(WEIGHTINGS), len(betas), params["runs"]), dtype=int)
     for i, w in enumerate(WEIGHTINGS):
         for j, b in enumerate(betas):
