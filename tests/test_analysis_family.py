@@ -168,7 +168,7 @@ def test_dispersion_rate_limits_and_noise():
         assert abs(dispersion_rate(1, beta, sigma)) < 1e-14
     assert dispersion_rate(2, 9.0, 0.3) == pytest.approx(
         dispersion_rate(2, 9.0) - 0.09 * 4 / 2, rel=1e-14)
-    for bad in ({"k": 0, "beta": 1.0}, {"k": 1.5, "beta": 1.0}, {"k": 1, "beta": -1.0}):
+    for bad in ({"k": 0, "beta": 1.0}, {"k": 1.5, "beta": 1.0}, {"k": 1, "beta": np.nan}):
         with pytest.raises(ValueError):
             dispersion_rate(**bad)
     with pytest.raises(ValueError, match="attention"):

@@ -129,4 +129,4 @@ def test_bad_input():
     with pytest.raises(ValueError, match="N: expected"):
         af.theorem52_conditions(14, 6.5, 0.1, -700)
     with pytest.raises(ValueError, match="beta: expected"):
-        af.tau_beta(-1.0)
+        af.tau_beta(np.nan)

@@ -44,7 +44,6 @@ CASES: list[tuple[str, Callable[[], object], str]] = [
     ("beta string", lambda: af.Attention(beta="hot"), "beta"),
     ("beta nan", lambda: af.Attention(beta=float("nan")), "beta"),
     ("beta inf", lambda: af.Attention(beta=np.inf), "beta"),
-    ("beta negative", lambda: af.Attention(beta=-1.0), "beta"),
     ("beta None", lambda: af.Attention(beta=None), "beta"),
     ("Q with nan", lambda: af.Attention(Q=[[np.nan, 0], [0, 1]]), "Q"),
     ("K with inf", lambda: af.Attention(K=[[np.inf, 0], [0, 1]]), "K"),

@@ -78,7 +78,6 @@ CASES: list[tuple[str, list[str], str]] = [
     ("cluster-tol 4", [*SIM, "--cluster-tol", "4", "--out", "{out}/r.nc"], "--cluster-tol"),
     ("cluster-tol -1", [*SIM, "--cluster-tol", "-1", "--out", "{out}/r.nc"], "--cluster-tol"),
     ("cluster-tol nan", [*SIM, "--cluster-tol", "nan", "--out", "{out}/r.nc"], "--cluster-tol"),
-    ("beta -1", [*SIM, "--beta", "-1", "--out", "{out}/r.nc"], "--beta"),
     ("beta nan", [*SIM, "--beta", "nan", "--out", "{out}/r.nc"], "--beta"),
     ("beta inf", [*SIM, "--beta", "inf", "--out", "{out}/r.nc"], "--beta"),
     ("t-end -1", [*SIM, "--t-end", "-1", "--out", "{out}/r.nc"], "--t-end"),

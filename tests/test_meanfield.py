@@ -429,6 +429,6 @@ def test_refusals_of_the_review():
     for k in (-1, 17, 1.5):
         with pytest.raises(ValueError, match="k: expected a mode 0 <= k <= K = 16"):
             res.moments(k)
-    with pytest.raises(ValueError, match="beta: expected beta c <= 700"):
+    with pytest.raises(ValueError, match=r"beta: expected \|beta\| c <= 700"):
         solve(af.Attention(beta=800.0, mask="full", attention="unnormalised"),
               from_function(bump(1.0), 16), 0.1)

@@ -174,7 +174,7 @@ def test_metrics_at_time_zero_match_direct_computations():
         dist = np.arccos(np.clip(X @ X.T, -1, 1))
         for name, centers in (("consumed_renyi", renyi), ("consumed_strong", strong)):
             assert float(run[name]) == pytest.approx(np.mean(dist[:, centers].min(1) <= r))
-    assert "delta = 4 beta^-1/2; r = 1 beta^-1/2" in ds.attrs["radii"]
+    assert "delta = 4 |beta|^-1/2; r = 1 |beta|^-1/2" in ds.attrs["radii"]
 
 
 def test_one_cluster_at_the_first_token_for_identity_values():

@@ -26,8 +26,8 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
     "clusters", "consumed_fraction", "cosine_to_first", "default_cluster_tol", "dispersion_rate",
     "distance_to_subspace", "effective_rank", "energy", "equiangular_rhs", "equiangular_start",
     "expected_renyi_centers_circle", "expected_strong_centers", "g", "growth_rate", "h",
-    "hardy_kernel", "inverse_cdf", "k_star", "kuramoto_order", "lemma51_bound", "log_energy",
-    "massive_activation", "mean_pairwise_cosine", "noise_threshold", "norm_spread",
+    "hardy_kernel", "inverse_cdf", "k_star", "kuramoto_order", "length_scale", "lemma51_bound",
+    "log_energy", "massive_activation", "mean_pairwise_cosine", "noise_threshold", "norm_spread",
     "output_correlation", "output_correlation_limit", "predict_configuration",
     "remark_b2_conditions", "renyi_center_count", "renyi_centers", "renyi_parking_mean",
     "self_weight", "sink_rate", "spanning_tree", "strong_renyi_center_count",
@@ -35,6 +35,7 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
     "theorem52_min_beta", "uniform_fluctuation",
     "LimitStatistics", "cap_constant", "critical_beta", "limit_keys", "limit_statistics",
     "mean_kernel", "nearest_gaps", "poisson_gaps", "sample_gaps", "weight_statistics",
+    "three_token_state", "triangle_rates", "triangle_threshold",
 )
 _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},

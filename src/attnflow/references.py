@@ -56,6 +56,8 @@ REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
     Reference("2607.24502", "Self-Attention Dynamics with Rotary Position Embeddings", None),
     Reference("2605.09213", "Kinetic theory for Transformers and the lost-in-the-middle "
               "phenomenon", None),
+    Reference("2507.22857", "Synchronization of mean-field models on the circle",
+              ("Y. Polyanskiy", "P. Rigollet", "A. Yao")),
     Reference("2410.10781", "When Attention Sink Emerges in Language Models: An Empirical View",
               ("X. Gu", "T. Pang", "C. Du", "Q. Liu", "F. Zhang", "C. Du", "Y. Wang",
                "M. Lin"), "ICLR 2025"),

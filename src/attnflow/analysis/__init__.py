@@ -15,6 +15,9 @@
   exact equiangular starts, the noisy Kuramoto order parameter, the long-context self-weight
   and output correlation, the mean-field cluster number k*.
 
+* threebody: three tokens on the circle (docs/science.md §11.3): the linear rate of the
+  equilateral triangle for beta of either sign, its sign change at -2/3, and the
+  classification of a final configuration (synchronised, triangle, other).
 * kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients.
@@ -40,6 +43,7 @@ from attnflow.analysis.clusters import (
     cluster_counts,
     clusters,
     default_cluster_tol,
+    length_scale,
     spanning_tree,
 )
 from attnflow.analysis.depth import (
@@ -110,6 +114,7 @@ from attnflow.analysis.theory import (
     theorem52_max_N,
     theorem52_min_beta,
 )
+from attnflow.analysis.threebody import three_token_state, triangle_rates, triangle_threshold
 
 __all__ = [
     "RENYI_PARKING_CONSTANT",
@@ -145,6 +150,7 @@ __all__ = [
     "h",
     "k_star",
     "kuramoto_order",
+    "length_scale",
     "lemma51_bound",
     "log_energy",
     "massive_activation",
@@ -183,4 +189,7 @@ __all__ = [
     "poisson_gaps",
     "sample_gaps",
     "weight_statistics",
+    "three_token_state",
+    "triangle_rates",
+    "triangle_threshold",
 ]

@@ -14,6 +14,7 @@ lengths are then recomputed accurately; only distances within about 1e-8 rad of 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from attnflow.analysis._input import radius, sphere_points
 from attnflow.sphere import geodesic_distance, normalize
 
 __all__ = ["Clusters", "clusters", "cluster_count", "cluster_counts", "default_cluster_tol",
-           "spanning_tree"]
+           "length_scale", "spanning_tree"]
 
 # Configurations handled per vectorised Prim pass: keeps the (chunk, n, d) temporaries
 # around 2^22 floats (32 MiB).
@@ -35,11 +36,18 @@ _CHUNK_FLOATS = 1 << 22
 
 
 
+def length_scale(beta: float) -> float:
+    """The angular width |beta|^{-1/2} (rad) of the attention kernel e^{beta cos theta}: for
+    beta > 0 the distance at which attraction is strongest (docs/science.md §1: tau ~
+    beta^{-1/2}); for beta < 0 (repulsive) the width of the kernel's peak about the antipode,
+    the same length. Infinite at beta = 0 (a flat kernel has no length scale)."""
+    return abs(beta) ** -0.5 if beta != 0 else math.inf
+
+
 def default_cluster_tol(beta: float) -> float:
-    """The package's default geodesic cluster tolerance (rad): beta^{-1/2} / 4, a quarter of
-    the distance at which attraction is strongest (docs/science.md §1: tau ~ beta^{-1/2}), capped
-    at pi; 1e-2 when beta = 0."""
-    return min(float(np.pi), 0.25 * beta ** -0.5) if beta > 0 else 1e-2
+    """The package's default geodesic cluster tolerance (rad): `length_scale` / 4, that is
+    |beta|^{-1/2} / 4 for beta of either sign, capped at pi; 1e-2 when beta = 0."""
+    return min(float(np.pi), 0.25 * length_scale(beta)) if beta != 0 else 1e-2
 
 
 @dataclass(frozen=True, repr=False)

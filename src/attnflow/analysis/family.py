@@ -15,10 +15,12 @@
   2 <dtheta_i/dt, theta_k> by symmetry.) `equiangular_start` builds exact starts.
 * Noisy Kuramoto (beta = 0, circle, full attention, noise sqrt(2/kappa)): the order parameter
   settles at the positive root of R = I_1(kappa R) / I_0(kappa R) for kappa > 2, at 0 below.
-  For any beta >= 0 (derived here by linearising the mean-field equation about the uniform
+  For any beta (derived here by linearising the mean-field equation about the uniform
   density): Fourier mode k grows at the rate k^2 (I_k(beta) / (beta I_0(beta)) - 1/kappa), so
   the uniform state is stable for kappa < kappa_c(beta) = beta I_0(beta) / I_1(beta) (2 at
   beta = 0), and there n tokens fluctuate with n E[R^2] = 1 / (1 - kappa / kappa_c(beta)).
+  kappa_c is even in beta: I_k(-b) = (-1)^k I_k(b), so for beta < 0 (repulsive) the odd modes
+  have the rates of |beta| and mode 1 is still the first to lose stability.
 * Long context (one layer, full attention, V = I, beta = gamma log n, equiangular inputs of
   correlation rho): self-weight n^{gamma(1-rho)} / (n^{gamma(1-rho)} + n - 1) and the exact
   correlation of two outputs at finite n; as n -> infinity it tends to 1, 4 rho / (1 + 3 rho)
@@ -27,7 +29,10 @@
   proportional to k^2 I_k(beta); the first clusters number about k* = argmax_k k^2 I_k(beta).
   The rate itself (docs/science.md §9, Q = K = V = I, full attention, noise sigma):
   lambda_k = k^2 I_k(beta) / (beta I_0(beta)) - sigma^2 k^2 / 2 (softmax) and
-  k^2 I_k(beta) / beta - sigma^2 k^2 / 2 (unnormalised), `dispersion_rate`.
+  k^2 I_k(beta) / beta - sigma^2 k^2 / 2 (unnormalised), `dispersion_rate`, for beta of
+  either sign: at beta < 0, k^2 I_k(beta) / beta = (-1)^(k+1) k^2 I_k(|beta|) / |beta|, so
+  the odd modes grow (mode 1 at about 1/2 for small |beta|: V = I still attracts) and the even
+  modes decay.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import i0e, i1e, ive
 
-from attnflow._checks import as_generator, fail, nonnegative, number, positive
+from attnflow._checks import as_generator, fail, inverse_temperature, nonnegative, number
 
 __all__ = [
     "NORMS",
@@ -77,14 +82,14 @@ def equiangular_rhs(rho: Any, beta: float, n: int, attention: str = "softmax",
     """The right-hand sides (drho/dt, dr/dt) of the equiangular reduction (module docstring).
 
     rho : common inner product of the directions, in [-1/(n-1), 1] (vectorised).
-    beta : inverse temperature >= 0; n : number of tokens >= 2.
+    beta : inverse temperature, either sign; n : number of tokens >= 2.
     attention : "softmax" or "unnormalised"; norm : "post", "pre", "peri" or "ngpt".
     r : common radius (pre- and peri-LN; ignored by the sphere schemes); alpha : nGPT's step.
     Returns (drho/dt, dr/dt), each broadcast over rho and r; dr/dt is 0 for post-LN and nGPT.
     With post-LN softmax: drho/dt = 2 e^{beta rho} (1 - rho)((n - 1) rho + 1) /
     (e^beta + (n - 1) e^{beta rho}); unnormalised: (2/n) e^{beta rho} (1 - rho)((n - 1) rho + 1).
     """
-    beta = nonnegative("beta", beta)
+    beta = inverse_temperature("beta", beta)
     n = _count("n", n, 2)
     if norm not in NORMS:
         raise fail("norm", f"one of {NORMS}", repr(norm))
@@ -167,10 +172,12 @@ def kuramoto_order(kappa: Any) -> np.ndarray:
 def noise_threshold(beta: Any) -> np.ndarray:
     """kappa_c(beta) = beta I_0(beta) / I_1(beta): the uniform density on the circle (full
     attention, noise sqrt(2/kappa)) is stable for kappa < kappa_c and unstable to Fourier mode 1
-    above; 2 at beta = 0 (the Kuramoto threshold). Vectorised over beta >= 0."""
+    above; 2 at beta = 0 (the Kuramoto threshold). Even in beta (module docstring): beta < 0
+    gives kappa_c(|beta|). Vectorised over finite beta of either sign."""
     beta = np.asarray(beta, dtype=float)
-    if not np.all(np.isfinite(beta) & (beta >= 0)):
-        raise fail("beta", "finite values >= 0", repr(beta))
+    if not np.all(np.isfinite(beta)):
+        raise fail("beta", "finite values", repr(beta))
+    beta = np.abs(beta)
     safe = np.where(beta > 0, beta, 1.0)
     return np.where(beta > 0, safe * i0e(safe) / i1e(safe), 2.0)
 
@@ -223,11 +230,15 @@ def output_correlation_limit(gamma: Any, rho: Any) -> np.ndarray:
 
 
 def k_star(beta: float) -> int:
-    """k* = argmax_{k >= 1} k^2 I_k(beta): the number of clusters the fastest-growing Fourier
-    mode of a near-uniform density on the circle predicts (about sqrt(2 beta)); beta > 0."""
-    beta = positive("beta", beta)
-    k = np.arange(1, int(4 * np.sqrt(beta)) + 10)
-    return int(k[np.argmax(k**2 * ive(k, beta))])
+    """k* = argmax_{k >= 1} k^2 I_k(beta) / beta: the fastest-growing Fourier mode of a
+    near-uniform density on the circle (`dispersion_rate`), the number of clusters it
+    predicts (about sqrt(2 beta)); beta != 0 of either sign (beta < 0: the fastest odd mode,
+    about sqrt(2 |beta|), since the even modes decay)."""
+    beta = inverse_temperature("beta", beta)
+    if beta == 0:
+        raise fail("beta", "a nonzero number (at beta = 0 only mode 1 grows)", repr(beta))
+    k = np.arange(1, int(4 * np.sqrt(abs(beta))) + 10)
+    return int(k[np.argmax(k**2 * ive(k, beta) / beta)])
 
 
 def _count(name: str, value: Any, low: int) -> int:
@@ -245,19 +256,21 @@ def dispersion_rate(k: Any, beta: Any, sigma: float = 0.0,
         unnormalised:  lambda_k = k^2 I_k(beta) / beta - sigma^2 k^2 / 2,
 
     evaluated as k (I_{k-1} - I_{k+1}) / 2 (equal to k^2 I_k / beta, finite at beta = 0: there
-    lambda_1 = 1/2 - sigma^2 / 2 and the other modes decay). Vectorised: integers k >= 1 and
-    beta >= 0 broadcast together; returns their broadcast shape (unnormalised rates grow like
-    e^beta and overflow to inf past beta ~ 700)."""
+    lambda_1 = 1/2 - sigma^2 / 2 and the other modes decay). beta < 0 (repulsive): the same
+    formulas, I_k(beta) = (-1)^k I_k(|beta|) (module docstring: odd modes grow, even ones
+    decay). Vectorised: integers k >= 1 and finite beta of either sign broadcast together;
+    returns their broadcast shape (unnormalised rates grow like e^|beta| and overflow to inf
+    past |beta| ~ 700)."""
     k = np.asarray(k)
     if not (np.issubdtype(k.dtype, np.integer) and np.all(k >= 1)):
         raise fail("k", "integers >= 1", repr(k))
     beta = np.asarray(beta, dtype=float)
-    if not np.all(np.isfinite(beta) & (beta >= 0)):
-        raise fail("beta", "finite values >= 0", repr(beta))
+    if not np.all(np.isfinite(beta)):
+        raise fail("beta", "finite values", repr(beta))
     sigma = nonnegative("sigma", sigma)
     if attention not in ATTENTIONS:
         raise fail("attention", f"one of {ATTENTIONS}", repr(attention))
     kf = k.astype(float)
-    rate = kf * (ive(kf - 1, beta) - ive(kf + 1, beta)) / 2  # times e^-beta
-    rate = rate / ive(0, beta) if attention == "softmax" else rate * np.exp(beta)
+    rate = kf * (ive(kf - 1, beta) - ive(kf + 1, beta)) / 2  # times e^-|beta|
+    rate = rate / ive(0, beta) if attention == "softmax" else rate * np.exp(np.abs(beta))
     return rate - sigma * sigma * kf * kf / 2

@@ -35,10 +35,11 @@ __all__ = ["causal_memory", "cell_memory", "growth_rate", "hardy_kernel", "inver
 def growth_rate(beta: float, k: Any) -> np.ndarray:
     """lambda_k = k (I_{k-1}(beta) - I_{k+1}(beta)) / (2 I_0(beta)) (per unit time): the rate
     at which Fourier mode k >= 1 of the uniform density grows under softmax attention
-    (beta >= 0, Q = K = V = I, no noise). Vectorised over k."""
+    (Q = K = V = I, no noise), for beta of either sign (beta < 0: negative for even k, see
+    `attnflow.analysis.dispersion_rate`). Vectorised over k."""
     k = np.asarray(k, dtype=float)
-    if beta < 0 or np.any(k < 1):
-        raise fail("beta, k", "beta >= 0 and modes k >= 1", f"beta {beta}, k {k}")
+    if not np.isfinite(beta) or np.any(k < 1) or np.any(k != np.round(k)):
+        raise fail("beta, k", "a finite beta and integer modes k >= 1", f"beta {beta}, k {k}")
     return k * (ive(k - 1, beta) - ive(k + 1, beta)) / (2 * ive(0, beta))
 
 
@@ -58,7 +59,8 @@ def causal_memory(s: Any, t: float, beta: float, k: int = 1, u: float = 1.0) -> 
     """The n -> infinity limit of n E[cos k(theta_i(t) - theta_j(0))] for n iid uniform tokens
     under causal softmax attention, token i at label u = i/n, j at s = j/n < u:
     (1/u) psi_{lambda_k t}(log(u / s)) (module docstring). s: labels in (0, u), vectorised;
-    t >= 0 (time), beta >= 0."""
+    t >= 0 (time), beta of either sign where lambda_k >= 0 (every k for beta >= 0, odd k for
+    beta < 0; a decaying mode is refused by `hardy_kernel`, tau >= 0)."""
     s = np.asarray(s, dtype=float)
     if np.any(s <= 0) or np.any(s >= u):
         raise fail("s", f"labels in (0, u = {u})", repr(s))

@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._checks import describe, fail, finite_array, positive, square_matrix
+from attnflow._checks import describe, fail, finite_array, square_matrix
 from attnflow.analysis._input import radius, sphere_points
+from attnflow.analysis.clusters import length_scale
 from attnflow.sphere import pairwise_geodesic
 
 __all__ = ["renyi_centers", "strong_renyi_centers", "consumed_fraction"]
@@ -132,8 +133,9 @@ def consumed_fraction(states: Any, centers: Any, r: float | None = None) -> np.n
     states : (T, n, d) token positions of one run, or a Trajectory of one run.
     centers : int indices of the center tokens, chosen once (typically at t = 0 with
         `renyi_centers` or `strong_renyi_centers`) and then followed by index.
-    r : consumption radius in radians (geodesic), in [0, pi]. Default min(pi, beta^{-1/2}),
-        available only when ``states`` is a Trajectory (beta read from its model).
+    r : consumption radius in radians (geodesic), in [0, pi]. Default min(pi, |beta|^{-1/2})
+        (`attnflow.analysis.length_scale`, beta of either sign, not 0), available only when
+        ``states`` is a Trajectory (beta read from its model).
 
     Definition (docs/science.md §4; the paper leaves it open): token i is consumed at time t when
     dist(x_i(t), x_c(t)) <= r for some center c, geodesic distance (from
@@ -145,7 +147,10 @@ def consumed_fraction(states: Any, centers: Any, r: float | None = None) -> np.n
         if model is None:
             raise fail("r", "a radius in radians (the default beta^{-1/2} needs a Trajectory)",
                        None)
-        r = min(np.pi, positive("beta", model.beta) ** -0.5)
+        if model.beta == 0:
+            raise fail("r", "a radius in radians (the default |beta|^{-1/2} needs beta != 0)",
+                       None)
+        r = min(np.pi, length_scale(model.beta))
     r = radius("r", r)
     states = sphere_points("states", states, ndim=3)
     n = states.shape[1]

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import brentq
 
-from attnflow._checks import fail, nonnegative, positive
+from attnflow._checks import fail, inverse_temperature, nonnegative, positive
 from attnflow._repr import ShortRepr
 
 __all__ = [
@@ -50,33 +50,40 @@ __all__ = [
 
 
 def h(x: Any, beta: float) -> np.ndarray:
-    """The circle interaction h(x) = exp(beta (cos x - 1)) sin x (x in radians, vectorised)."""
+    """The circle interaction h(x) = exp(beta (cos x - 1)) sin x (x in radians, vectorised;
+    beta of either sign)."""
     x = np.asarray(x, dtype=float)
-    beta = nonnegative("beta", beta)
+    beta = inverse_temperature("beta", beta)
     return np.exp(beta * (np.cos(x) - 1.0)) * np.sin(x)
 
 
 def g(x: Any, beta: float) -> np.ndarray:
-    """g = h' : exp(beta (cos x - 1)) (cos x - beta sin^2 x) (x in radians, vectorised)."""
+    """g = h' : exp(beta (cos x - 1)) (cos x - beta sin^2 x) (x in radians, vectorised;
+    beta of either sign)."""
     x = np.asarray(x, dtype=float)
-    beta = nonnegative("beta", beta)
+    beta = inverse_temperature("beta", beta)
     return np.exp(beta * (np.cos(x) - 1.0)) * (np.cos(x) - beta * np.sin(x) ** 2)
 
 
 def tau_beta(beta: Any) -> np.ndarray:
     """The maximiser of h on [0, pi]: cos tau = (-1 + sqrt(4 beta^2 + 1)) / (2 beta),
     written 2 beta / (1 + sqrt(4 beta^2 + 1)) (so tau = pi/2 at beta = 0) and evaluated
-    without cancellation for large beta. Radians, vectorised over beta >= 0;
-    tau ~ beta^{-1/2} for large beta."""
+    without cancellation for large |beta|. Radians, vectorised over finite beta of either
+    sign; tau ~ beta^{-1/2} for large beta; for beta < 0 (repulsive) tau > pi/2 and
+    pi - tau ~ |beta|^{-1/2} as beta -> -infinity."""
     beta = np.asarray(beta, dtype=float)
-    if not np.all((beta >= 0) & np.isfinite(beta)):
-        raise fail("beta", "finite values >= 0", repr(beta))
+    if not np.all(np.isfinite(beta)):
+        raise fail("beta", "finite values", repr(beta))
     root = np.sqrt(4.0 * beta**2 + 1.0)
     cos = 2.0 * beta / (1.0 + root)
-    # 1 - cos tau without cancellation: (1 + root - 2 beta) / (1 + root), and
-    # root - 2 beta = 1 / (root + 2 beta). atan2 keeps full precision for small tau.
-    one_minus_cos = (1.0 + 1.0 / (root + 2.0 * beta)) / (1.0 + root)
-    return np.arctan2(np.sqrt(one_minus_cos * (1.0 + cos)), cos)
+    # 1 -+ cos tau = (1 + root -+ 2 beta) / (1 + root), without cancellation: the one of
+    # root -+ 2 beta that is small is root - 2 |beta| = 1 / (root + 2 |beta|). atan2 keeps
+    # full precision for tau near 0 (beta -> infinity) and near pi (beta -> -infinity).
+    a = 2.0 * np.abs(beta)
+    small, large = 1.0 + 1.0 / (root + a), 1.0 + root + a
+    one_minus_cos = np.where(beta > 0, small, large) / (1.0 + root)
+    one_plus_cos = np.where(beta < 0, small, large) / (1.0 + root)
+    return np.arctan2(np.sqrt(one_minus_cos * one_plus_cos), cos)
 
 
 @dataclass(frozen=True, repr=False)

@@ -165,7 +165,7 @@ function liveControls(model) {
   if (!live || !Object.keys(live).length) return null;
   const row = element("div", { class: "af-bar", id: "af-live" });
   const inputs = {
-    beta: element("input", { type: "number", min: "0", step: "0.5", value: String(live.beta) }),
+    beta: element("input", { type: "number", step: "0.5", value: String(live.beta) }),
     n: element("input", { type: "number", min: "1", max: "20000", step: "1", value: String(live.n) }),
     seed: element("input", { type: "number", min: "0", step: "1", value: String(live.seed) }),
   };

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import traitlets
 
-from attnflow._checks import fail, number, positive
+from attnflow._checks import fail, inverse_temperature, positive
 from attnflow.explorer.pack import pack
 from attnflow.explorer.widget import Explorer
 from attnflow.family import Attention
@@ -95,7 +95,7 @@ def _settings(value: Any) -> dict[str, Any]:
         raise fail("seed", "an integer >= 0", repr(seed))
     if value["mask"] not in MASKS:
         raise fail("mask", f"one of {', '.join(MASKS)}", repr(value["mask"]))
-    return {"beta": number("beta", value["beta"], 0.0), "mask": value["mask"], "n": int(n),
+    return {"beta": inverse_temperature("beta", value["beta"]), "mask": value["mask"], "n": int(n),
             "seed": int(seed)}
 
 

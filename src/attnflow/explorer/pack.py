@@ -26,6 +26,7 @@ from attnflow._checks import fail
 from attnflow.analysis import (
     cluster_count,
     default_cluster_tol,
+    length_scale,
     renyi_centers,
     strong_renyi_centers,
 )
@@ -74,7 +75,7 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
     unquantised directions in R^d), order (T,) (|mean x|, the order parameter, in [0, 1]),
     causal (bool), mask (text), model (its short repr), projection ("" or how d > 3 was
     projected), renyi and strong (token indices of the Rényi and strong Rényi centers of the
-    first frame at delta = 4 beta^{-1/2}, causal runs only, else None), delta, and attention
+    first frame at delta = 4 |beta|^{-1/2}, causal runs only, else None), delta, and attention
     (None, or {"M": (d, d) matrix, "causal": bool}: the page computes the attention matrix
     softmax_j(beta x_i^T M x_j) of a frame, which equals the model's for n <= 400 tokens of
     a single plain layer; checked against the model on the first frame).
@@ -102,7 +103,7 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
         q = np.round((P + 1.0) / 2.0 * (_LEVELS - 1))
     frames = np.ascontiguousarray(q.astype("<u2"))
     causal = bool(traj.model.is_causal)
-    delta = min(float(np.pi), 4.0 / np.sqrt(beta[0])) if beta[0] > 0 else float(np.pi)
+    delta = min(float(np.pi), 4.0 * length_scale(beta[0]))  # pi at beta = 0
     return {
         "format": FORMAT, "view": view, "n": traj.n, "d": traj.d, "k": frames.shape[-1],
         "frames": base64.b64encode(frames.tobytes()).decode("ascii"),

@@ -33,7 +33,7 @@ SUPPORTED = ("an attnflow.Attention block (or its keyword arguments) with d = 2,
              "positional encodings, QK-norm, projection biases or MLP")
 
 
-MAX_B = 700.0  # the largest beta c of unnormalised weights, whose kernel is e^(b cos)
+MAX_B = 700.0  # the largest |beta c| of unnormalised weights, whose kernel is e^(b cos)
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class MeanFieldModel:
     block : the attnflow block they were read from (kept for the result's record).
     weighting : "softmax" or "unnormalised".
     causal : True for the causal mask (labels s attend to s' <= s), False for "full".
-    b : beta c >= 0, the effective inverse temperature of the kernel e^{b cos(.)}.
+    b : beta c, the effective inverse temperature of the kernel e^{b cos(.)}, of either sign
+        (b < 0: repulsive; the Bessel coefficients I_k(b) = (-1)^k I_k(|b|) carry the sign).
     alpha : the rotation angle of Q^T K (radians); with `reflect`, the reflection's angle.
     reflect : Q^T K is c times a reflection (det < 0): the score depends on theta + phi.
     V : (2, 2) value matrix.
@@ -84,9 +85,9 @@ class MeanFieldModel:
         if not np.allclose(B.T @ B, c * c * np.eye(2), rtol=0, atol=1e-12 * max(1.0, c * c)):
             raise fail("Q, K", "Q^T K a multiple of an orthogonal (2, 2) matrix (" + SUPPORTED
                        + ")", f"Q^T K = {B.tolist()}")
-        if att.weighting.method == "unnormalised" and float(att.beta) * c > MAX_B:
-            raise fail("beta", f"beta c <= {MAX_B:g} for unnormalised weights (c = {c:.6g}, the "
-                       "scale of Q^T K: the kernel e^(beta c) overflows float64 beyond)",
+        if att.weighting.method == "unnormalised" and abs(float(att.beta)) * c > MAX_B:
+            raise fail("beta", f"|beta| c <= {MAX_B:g} for unnormalised weights (c = {c:.6g}, "
+                       "the scale of Q^T K: the kernel e^(|beta| c) overflows float64 beyond)",
                        f"beta c = {float(att.beta) * c:.6g}")
         reflect = bool(np.linalg.det(B) < 0)
         # Rotation by alpha: B = c [[cos a, -sin a], [sin a, cos a]]; reflection at angle

@@ -14,7 +14,7 @@ Time stepping on the coefficients, a Euclidean state:
 
 Steps: each interval between save times is cut into equal steps of at most dt (as the
 fixed-step methods of `attnflow.integrate` do). The default dt = min(0.05, 0.5 / (K |v|max))
-keeps the transport's Courant number at 0.5 (|v|max: |V|_2, times e^{beta c} for
+keeps the transport's Courant number at 0.5 (|v|max: |V|_2, times e^{|beta| c} for
 unnormalised weights); a dt above 2 / (K |v|max) is refused (RK4's stability bound for the
 transport of the highest mode is 2 sqrt 2 / (K |v|max)).
 

@@ -112,6 +112,8 @@ class TransportField:
 
     def speed_bound(self) -> float:
         """An upper bound of |v| over states of mass 1 per label: |V|_2 for softmax (|N| <=
-        Z), |V|_2 e^b for unnormalised weights (Z <= e^b)."""
+        Z), |V|_2 e^|b| for unnormalised weights (Z <= e^|b|, b of either sign)."""
         norm = float(np.linalg.norm(self.model.V, 2))
-        return norm if self.model.weighting == "softmax" else norm * float(np.exp(self.model.b))
+        if self.model.weighting == "softmax":
+            return norm
+        return norm * float(np.exp(abs(self.model.b)))

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import fail, positive
-from attnflow.analysis import default_cluster_tol
+from attnflow.analysis import default_cluster_tol, length_scale
 from attnflow.trajectory import Trajectory
 
 
@@ -112,17 +112,18 @@ def _beta(traj: Trajectory, t: float) -> float:
 
 
 def _delta(beta: float, delta: float | None) -> float:
-    """The Rényi radius: given, or 4 beta^{-1/2} as in all the paper's figures
-    (docs/science.md §3), capped at pi (for beta < 16 / pi^2 the ball is the whole sphere)."""
+    """The Rényi radius: given, or 4 |beta|^{-1/2} as in all the paper's figures
+    (docs/science.md §3; `attnflow.analysis.length_scale`, beta of either sign), capped at pi
+    (for |beta| < 16 / pi^2 the ball is the whole sphere)."""
     if delta is not None:
         return positive("delta", delta)
     if beta == 0:
-        raise fail("delta", "a radius (the default 4 beta^{-1/2} needs beta > 0)", "None")
-    return min(float(np.pi), 4.0 / np.sqrt(beta))
+        raise fail("delta", "a radius (the default 4 |beta|^{-1/2} needs beta != 0)", "None")
+    return min(float(np.pi), 4.0 * length_scale(beta))
 
 
 def _tol(beta: float, tol: float | None) -> float:
-    """The cluster tolerance: given, or beta^{-1/2} / 4 (1e-2 when beta = 0), as the CLI's."""
+    """The cluster tolerance: given, or |beta|^{-1/2} / 4 (1e-2 when beta = 0), as the CLI's."""
     if tol is not None:
         return positive("tol", tol)
     return default_cluster_tol(beta)

@@ -11,7 +11,7 @@ The spec (a TOML file, or the same nested mapping in Python)::
 
     [grid]                      # a list makes an axis; one value is the same for every run
     model = "stack.nc"          # optional: a saved model instead of the text options below
-    beta = [1, 4, 16]           # inverse temperature >= 0  (required, unless the model holds it)
+    beta = [-1, 4, 16]          # inverse temperature, any sign (required, unless the model has it)
     n = 32                      # tokens                                         (required)
     d = [2, 3]                  # ambient dimension >= 2     (required, unless the model has d)
     mask = "causal"             # causal | full | window:W
@@ -36,9 +36,9 @@ The spec (a TOML file, or the same nested mapping in Python)::
     [keep]
     metrics = ["max_distance_to_first", "cluster_count"]   # default: all of METRICS
     states = false              # also keep the saved states (padded with NaN to max n, d)
-    cluster_tol = 0.05          # rad; default beta^{-1/2} / 4 per run (1e-2 when beta = 0)
-    delta_scale = 4.0           # Rényi radius delta = delta_scale beta^-1/2 (docs/science.md §3)
-    r_scale = 1.0               # consumption radius r = r_scale beta^-1/2 (docs/science.md §4)
+    cluster_tol = 0.05          # rad; default |beta|^{-1/2} / 4 per run (1e-2 when beta = 0)
+    delta_scale = 4.0           # Rényi radius delta = delta_scale |beta|^-1/2 (docs/science.md §3)
+    r_scale = 1.0               # consumption radius r = r_scale |beta|^-1/2 (docs/science.md §4)
 
 Radii are capped at pi (beta = 0 gives pi). At each save time t they use the beta of the layer
 acting at t (``model.layer_at(t).beta``; a tied model has one beta).

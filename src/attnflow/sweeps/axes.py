@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from attnflow._checks import fail
+from attnflow._checks import fail, inverse_temperature
 from attnflow.family.text import DEFAULTS, family_options, option_names
 from attnflow.integrate import METHODS
 from attnflow.kernels import KERNELS, get_kernel
@@ -126,7 +126,7 @@ def axes() -> dict[str, tuple[Check, Any]]:
     the simulate or model default, not recorded)."""
     return {
     "model": (_model_file, None),
-    "beta": (real(0, strict=False), REQUIRED),
+    "beta": (inverse_temperature, REQUIRED),
     "n": (integer(1), REQUIRED),
     "d": (integer(2), REQUIRED),
     "mask": (_mask_text, "causal"),

@@ -2,7 +2,8 @@
 
 A metric maps the saved token directions of a batch of runs, (T, B, n, d), and their initial
 tokens (B, n, d) to values (T, B). Its radii (cluster tolerance, Rényi radius delta,
-consumption radius r, all in rad) are scales of beta^{-1/2}; at each save time t they use the
+consumption radius r, all in rad) are scales of |beta|^{-1/2} (beta of either sign:
+`attnflow.analysis.length_scale`); at each save time t they use the
 beta of the layer acting at t (``model.layer_at(t).beta``: the only beta of a tied model).
 """
 
@@ -18,6 +19,7 @@ from attnflow.analysis import (
     cluster_count,
     consumed_fraction,
     default_cluster_tol,
+    length_scale,
     renyi_centers,
     strong_renyi_centers,
 )
@@ -38,7 +40,7 @@ class Keep:
 
     def radii(self, beta: float) -> Radii:
         """Cluster tolerance, Rényi radius delta and consumption radius r at beta (rad)."""
-        scale = beta ** -0.5 if beta > 0 else math.inf
+        scale = length_scale(beta)  # |beta|^{-1/2}, either sign; inf at beta = 0
         tol = self.cluster_tol if self.cluster_tol is not None else default_cluster_tol(beta)
         return {"tol": min(math.pi, tol), "delta": min(math.pi, self.delta_scale * scale),
                 "r": min(math.pi, self.r_scale * scale)}
@@ -46,9 +48,9 @@ class Keep:
     def describe_radii(self) -> str:
         """The radii in words (the store's ``radii`` attribute)."""
         tol = f"{self.cluster_tol:g} rad" if self.cluster_tol is not None \
-            else "beta^-1/2 / 4 (1e-2 rad if beta = 0)"
-        return (f"cluster_tol = {tol}; delta = {self.delta_scale:g} beta^-1/2; "
-                f"r = {self.r_scale:g} beta^-1/2 (radii capped at pi)")
+            else "|beta|^-1/2 / 4 (1e-2 rad if beta = 0)"
+        return (f"cluster_tol = {tol}; delta = {self.delta_scale:g} |beta|^-1/2; "
+                f"r = {self.r_scale:g} |beta|^-1/2 (radii capped at pi)")
 
 
 def _max_distance_to_first(states: np.ndarray, x0: np.ndarray, radii: Radii) -> np.ndarray:
