@@ -15,6 +15,10 @@
   exact equiangular starts, the noisy Kuramoto order parameter, the long-context self-weight
   and output correlation, the mean-field cluster number k*.
 
+* gaussian: the Gaussian closure of unnormalised attention in R^d (docs/science.md §11.5):
+  the moment ODE of the mean and covariance, its closed form and blow-up time for V = I,
+  Q = K = I.
+
 * kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients.
@@ -65,6 +69,12 @@ from attnflow.analysis.family import (
     output_correlation_limit,
     self_weight,
     uniform_fluctuation,
+)
+from attnflow.analysis.gaussian import (
+    gaussian_blowup_time,
+    gaussian_isotropic_moments,
+    gaussian_moment_rhs,
+    gaussian_moments,
 )
 from attnflow.analysis.kinetic import (
     causal_memory,
@@ -157,4 +167,8 @@ __all__ = [
     "growth_rate",
     "hardy_kernel",
     "inverse_cdf",
+    "gaussian_blowup_time",
+    "gaussian_isotropic_moments",
+    "gaussian_moment_rhs",
+    "gaussian_moments",
 ]
