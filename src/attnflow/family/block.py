@@ -45,7 +45,7 @@ Field = Callable[[np.ndarray], np.ndarray]
 # What a block answers for its attention sublayer (read-only views).
 _ATTENTION_VIEWS = ("heads", "beta", "mask", "memory", "combine", "backend", "encodings",
                     "normalization", "weighting", "qk_norm", "biases", "options", "fixed_n",
-                    "head_size", "score_bias", "kernel_for")
+                    "head_size", "score_bias")
 
 
 class Block:
@@ -143,6 +143,11 @@ class Block:
         return X
 
     # ------------------------------------------------------------------ the field
+    def kernel_for(self, X: np.ndarray) -> Kernel:
+        """The attention kernel for states shaped like X (`SelfAttention.kernel_for`; no
+        harmonic kernel where the scheme's inputs are not unit vectors)."""
+        return self.attention.kernel_for(X, self.scheme.unit_inputs)
+
     def attention_output(self, u: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
         """The attention sublayer's output at its inputs u (..., n, d)."""
         return self.attention.output(u, kernel)
