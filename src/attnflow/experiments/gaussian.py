@@ -27,7 +27,9 @@ tokens each, integrated by dopri5:
   covariance (exact for any initial covariance; removes the sampling fluctuation, which the
   flow amplifies lambda / lambda0-fold) until lambda_max reaches the `levels` (multiples
   of lambda0); the times at which it crosses them; and t* from a straight-line fit of
-  1 / lambda_max(t), which the closed form makes 1 / lambda0 - 2 beta t.
+  1 / lambda_max(t) (each run up to its own highest level), which the closed form makes
+  1 / lambda0 - 2 beta t. Every run is integrated to its own closed form's `show_level`
+  (and to `until` times t*).
 """
 
 from __future__ import annotations
@@ -60,9 +62,9 @@ QUICK: dict[str, Any] = {
     "configs": CONFIGS, "n": 250, "runs": 16, "t_end": 1.5, "save_every": 0.25,
     "check_times": [0.5, 1.0, 1.5], "rtol": 1e-8, "atol": 1e-10,
     "blowup_beta": 1.0, "lambda0": 0.1, "blowup_n": 200, "blowup_runs": 8,
-    "levels": [2.0, 4.0, 8.0], "show_level": 16.0, "blowup_saves": 96, "past": 0.0,
+    "levels": [2.0, 4.0, 8.0], "show_level": 16.0, "blowup_saves": 96, "until": 0.0,
 }
-FULL: dict[str, Any] = {**QUICK, "n": 4000, "blowup_n": 4000, "past": 0.2}
+FULL: dict[str, Any] = {**QUICK, "n": 4000, "blowup_n": 4000, "until": 1.2}
 FULL_MINUTES = 8  # estimated: 3 x 16 runs of 4000 tokens, 8 runs of 4000 on past t*
 
 
@@ -167,20 +169,25 @@ def _blowup(params: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     n, runs = params["blowup_n"], params["blowup_runs"]
     half = rng.standard_normal((runs, n // 2, 2)) @ np.sqrt(S0)
     x0 = np.concatenate([half, -half], axis=1)  # antithetic: mean exactly 0
-    t_show = t_star * (1 - 1 / params["show_level"])
-    t_end = t_star * (1 + params["past"]) if params["past"] > 0 else t_show
+    lam_own0 = np.linalg.eigvalsh(_empirical(x0, ddof=0)[1])[:, -1]  # each run's own
+
+    def own_time(level: float) -> np.ndarray:
+        """When each run's own closed form reaches lambda_max = level (1 / lambda is
+        1 / lambda0 - 2 beta t)."""
+        return (1 / lam_own0 - 1 / level) / (2 * beta)
+
+    # every run on to its own show level, and to `until` t* (past t* when > 1)
+    t_end = max(float(own_time(params["show_level"] * lam0).max()), t_star * params["until"])
     times = np.linspace(0.0, t_end, params["blowup_saves"] + 1)
     traj = simulate(Attention(beta=beta, mask="full", norm="flat"), x0, t_end, save_at=times,
                     method="dopri5", rtol=params["rtol"], atol=params["atol"])
     emp_m, emp_S = _empirical(traj.states, ddof=0)  # what the particles' field sees
     lam = np.linalg.eigvalsh(emp_S)[..., -1]  # (T, runs)
-    lam_own0 = lam[0]  # each run's own lambda_max(Sigma_0)
     levels = np.array(params["levels"], dtype=float) * lam0
     t_levels = t_star * (1 - lam0 / levels)  # the population's closed-form crossing times
     lam_rel, cross_dev, lam_rows = [], [], []
     for L, tL in zip(levels, t_levels):
-        # each run's own closed form reaches L at t_own (1 / lambda = 1 / lambda0 - 2 beta t)
-        t_own = (1 / lam_own0 - 1 / L) / (2 * beta)
+        t_own = own_time(L)
         at = np.array([np.interp(t_own[r], times, lam[:, r]) for r in range(runs)])
         rel = at / L - 1
         # crossing time: 1 / lambda is linear in t under the closed form; interpolate it
@@ -190,9 +197,10 @@ def _blowup(params: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
         lam_rows.append({"level": float(L), "t_closed_form": float(tL),
                          "lambda_rel": mean_se(rel), "t_cross": mean_se(t_cross),
                          "t_cross_minus_own": mean_se(t_cross - t_own)})
-    fit = times <= t_levels[-1] + 1e-12
+    top = own_time(levels[-1])  # each run fitted up to its own highest level
     slopes, roots = [], []
     for r in range(runs):
+        fit = times <= top[r]
         b, a = np.polyfit(times[fit], 1 / lam[fit, r], 1)
         slopes.append(b)
         roots.append(-a / b)
@@ -204,7 +212,7 @@ def _blowup(params: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
         else []
     return {"t_star": t_star, "levels": lam_rows, "t_star_fit": t_fit, "t_star_fit_se": t_fit_se,
             "t_star_own": mean_se(own_star), "slope": mean_se(slopes), "largest_z":
-            float(np.max(np.abs(zs))), "t_star_rel": abs(t_fit - t_star) / t_star,
+            float(np.max(np.abs(zs))), "t_star_rel": abs(mean_se(roots - own_star)[0]) / t_star,
             "largest_mean": float(np.abs(emp_m).max()),
             "lambda_at_t_star": mean_se(at_star) if at_star else None,
             "times": times, "lam": lam, "n_evals": traj.n_evals}
