@@ -148,3 +148,18 @@ def test_the_geodesic_method_is_refused_and_masks_of_r_d_are_not():
     res = CliRunner().invoke(app, ["simulate", "--n", "8", "--d", "3", "--norm", "flat",
                                    "--method", "geodesic", "--no-progress"])
     assert res.exit_code == 2 and "method" in res.output and "R^d" in res.output
+
+
+def test_a_flat_block_with_an_mlp_has_the_exact_jacobian_of_its_field():
+    x = RNG.normal(size=(4, D))
+    model = af.Attention(Q, K, V, beta=BETA, mask="causal", norm="flat",
+                         mlp=af.MLP.random(D, 8, "gelu", seed=1))
+    assert model.mlp_scheme.kind == "flat" and model.has_exact_jacobian
+    J, h = model.jacobian(x), 1e-6
+    for k in range(4):
+        for b in range(D):
+            e = np.zeros_like(x)
+            e[k, b] = h
+            np.testing.assert_allclose(J[:, :, k, b],
+                                       (model.field(x + e) - model.field(x - e)) / (2 * h),
+                                       atol=1e-7)
