@@ -53,6 +53,8 @@ REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
     Reference("2410.06833", "Dynamic metastability in the self-attention model",
               ("B. Geshkovski", "H. Koubbi", "Y. Polyanskiy", "P. Rigollet")),
     Reference("2601.21942", "Clustering in Deep Stochastic Transformers", None),
+    Reference("2501.18322", "A Unified Perspective on the Dynamics of Deep Transformers",
+              ("V. Castin", "P. Ablin", "J. A. Carrillo", "G. Peyré")),
     Reference("2607.24502", "Self-Attention Dynamics with Rotary Position Embeddings", None),
     Reference("2605.09213", "Kinetic theory for Transformers and the lost-in-the-middle "
               "phenomenon", None),

@@ -46,7 +46,9 @@ def simulate(
     model : a block (an `Attention` or a `Block`, acting at every time: tied weights) or a
         `Stack` of blocks (layer L on [L, L + 1), so t_end <= the number of layers).
     x0 : (..., n, d) initial tokens; leading axes are independent runs. On the sphere for the
-        post-LN and nGPT schemes; any non-zero vectors for pre- and peri-LN (state in R^d).
+        post-LN and nGPT schemes; any non-zero vectors for pre- and peri-LN (state in R^d);
+        any vectors for the flat scheme (which reads x itself; never normalised unless
+        `normalize`).
     t_end : final time >= 0 (one unit of time = one layer).
     save_at : increasing save times in [0, t_end], or "log" (0 and 100 log-spaced times from
         0.01, `attnflow.log_times`), "log:NUM", "linspace:START:STOP:NUM". Default: 101
@@ -63,8 +65,9 @@ def simulate(
     dt : step of the fixed-step methods (default 0.05); initial step for the others.
     rtol, atol : tolerances of the adaptive methods (defaults 1e-6 and 1e-9).
     progress : True for a progress bar on stderr, or a callable receiving the current time.
-    normalize : project x0 onto the sphere first (sphere schemes); otherwise x0 off the
-        sphere by more than `attnflow.manifolds.sphere_tolerance` of its dtype is an error.
+    normalize : project x0 onto the sphere first (for any scheme); otherwise x0 off the
+        sphere by more than `attnflow.manifolds.sphere_tolerance` of its dtype is an error on
+        the sphere schemes, and x0 is taken as given in R^d.
     seed : the seed x0 was drawn with, recorded in the Trajectory; with noise also the key of
         the Brownian path (then required). A non-negative int.
     noise : sigma >= 0 for the SDE dX = F dt + sigma P_X dW on the sphere (dX = F dt +
@@ -88,8 +91,8 @@ def simulate(
     if method in IMPLICIT and any(layer.mlp is not None and not layer.has_exact_jacobian
                                   for layer in model.layers):
         raise fail("method", "an explicit method for blocks with a feed-forward term outside "
-                   "post-LN (the implicit methods need the block's exact Jacobian, which "
-                   "attnflow has for post-LN blocks only)", repr(method))
+                   "post-LN and flat (the implicit methods need the block's exact Jacobian, "
+                   "which attnflow has for post-LN and flat blocks only)", repr(method))
     if not model.manifold.geodesic and method == "geodesic":
         raise fail("method", "a method for states in R^d (not 'geodesic', which needs the "
                    "sphere: norm 'post' or 'ngpt')", repr(method))
@@ -154,11 +157,15 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
 
 
 def _initial_tokens(model: Model, x0: Any, normalize: bool) -> np.ndarray:
-    """x0 checked for the model: unit vectors on the sphere (or normalised), non-zero in R^d."""
+    """x0 checked for the model: unit vectors on the sphere (or normalised), non-zero in R^d
+    where a sublayer reads directions (any vectors for the flat scheme)."""
     x0 = model.check_tokens(x0, "x0")
     norms = np.sqrt(inner(x0, x0))[..., 0]
     if model.manifold != SPHERE or normalize:
-        if np.any(norms == 0):
+        directions = normalize or any(
+            s is not None and s.unit_inputs
+            for layer in model.layers for s in (layer.scheme, layer.mlp_scheme))
+        if directions and np.any(norms == 0):
             where = np.argwhere(norms == 0)[0]
             raise fail("x0", "non-zero token vectors (their directions are what attention "
                        "reads)", f"a zero vector at index {tuple(int(i) for i in where)}")

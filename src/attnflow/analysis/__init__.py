@@ -18,6 +18,10 @@
 * threebody: three tokens on the circle (docs/science.md §11.3): the linear rate of the
   equilateral triangle for beta of either sign, its sign change at -2/3, and the
   classification of a final configuration (synchronised, triangle, other).
+* gaussian: the Gaussian closure of unnormalised attention in R^d (docs/science.md §11.5):
+  the moment ODE of the mean and covariance, its closed form and blow-up time for V = I,
+  Q = K = I.
+
 * kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients.
@@ -73,6 +77,12 @@ from attnflow.analysis.family import (
     output_correlation_limit,
     self_weight,
     uniform_fluctuation,
+)
+from attnflow.analysis.gaussian import (
+    gaussian_blowup_time,
+    gaussian_isotropic_moments,
+    gaussian_moment_rhs,
+    gaussian_moments,
 )
 from attnflow.analysis.kinetic import (
     causal_memory,
@@ -192,4 +202,8 @@ __all__ = [
     "three_token_state",
     "triangle_rates",
     "triangle_threshold",
+    "gaussian_blowup_time",
+    "gaussian_isotropic_moments",
+    "gaussian_moment_rhs",
+    "gaussian_moments",
 ]

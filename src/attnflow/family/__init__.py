@@ -17,12 +17,13 @@ from attnflow.family.heads import ProjectionBias, QKNorm
 from attnflow.family.norms import Direction, LayerNorm, RMSNorm
 from attnflow.family.parts import KINDS, PARTS, Part, part_from_record, parts_table, register
 from attnflow.family.positional import ALiBi, Encoding, RoPE, ScoreBias
-from attnflow.family.schemes import NGPT, SCHEMES, Peri, Post, Pre, Scheme, make_scheme
+from attnflow.family.schemes import NGPT, SCHEMES, Flat, Peri, Post, Pre, Scheme, make_scheme
 from attnflow.family.stack import Model, Stack, model_from_record, segments
 from attnflow.family.weighting import Weighting
 
 __all__ = ["ACTIVATIONS", "FORMS", "KINDS", "MLP", "NGPT", "PARTS", "SCHEMES", "ALiBi",
-           "Attention", "Block", "Direction", "Encoding", "LayerNorm", "Model", "Part", "Peri",
-           "Post", "Pre", "ProjectionBias", "QKNorm", "RMSNorm", "RoPE", "Scheme", "ScoreBias",
+           "Attention", "Block", "Direction", "Encoding", "Flat", "LayerNorm", "Model", "Part",
+           "Peri", "Post", "Pre", "ProjectionBias", "QKNorm", "RMSNorm", "RoPE", "Scheme",
+           "ScoreBias",
            "SelfAttention", "Stack", "Weighting", "make_scheme", "model_from_record",
            "part_from_record", "parts_table", "register", "segments"]

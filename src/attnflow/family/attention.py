@@ -255,17 +255,18 @@ class SelfAttention:
         return fail(source, f"{what} for d = {X.shape[-1]}, the dimension of {name} (..., n, "
                     f"{X.shape[-1]})", f"shape {shape}, which makes d = {self.d}")
 
-    def kernel_for(self, X: np.ndarray) -> Kernel:
+    def kernel_for(self, X: np.ndarray, unit_tokens: bool = True) -> Kernel:
         """The kernel for tokens shaped like X (..., n, d): the backend's, or for "auto" the
-        one it picks for that shape and the sublayer's options. `simulate` fixes it for a
-        whole run, so that stepping shares of the runs in parallel never switches kernels."""
+        one it picks for that shape and the sublayer's options (never a harmonic one unless
+        `unit_tokens`: inputs of one norm). `simulate` fixes it for a whole run, so that
+        stepping shares of the runs in parallel never switches kernels."""
         if self.backend != "auto":
             return get_kernel(self.backend)
         e = max(self.head_size(Q, K, X.shape[-1]) for Q, K, *_ in self.heads)
         q = np.broadcast_to(np.zeros((), X.dtype), (*X.shape[:-1], e))
         return auto.choose(q, X, bias=self.score_bias(X.shape[-2], 0),
                            normalization=self.normalization, mask=self.mask,
-                           beta=self.beta)
+                           beta=self.beta if unit_tokens else None)
 
     def output(self, u: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
         """A: the sum (or mean) over heads of the attention-weighted values at the inputs

@@ -28,7 +28,6 @@ from attnflow._checks import fail
 from attnflow.family.attention import SelfAttention
 from attnflow.family.feedforward import MLP
 from attnflow.family.heads import ProjectionBias, QKNorm, common_dimension
-from attnflow.family.jacobian import tangent_jacobian
 from attnflow.family.parts import Part
 from attnflow.family.positional import ALiBi, Encoding, RoPE, ScoreBias, as_alibi, as_rope
 from attnflow.family.schemes import Scheme, make_scheme
@@ -46,14 +45,14 @@ Field = Callable[[np.ndarray], np.ndarray]
 # What a block answers for its attention sublayer (read-only views).
 _ATTENTION_VIEWS = ("heads", "beta", "mask", "memory", "combine", "backend", "encodings",
                     "normalization", "weighting", "qk_norm", "biases", "options", "fixed_n",
-                    "head_size", "score_bias", "kernel_for")
+                    "head_size", "score_bias")
 
 
 class Block:
     """One layer: attention (a `SelfAttention`) in the scheme `norm`, then optionally a
     feed-forward `MLP` in the scheme `mlp_norm` (default: a scheme of the same kind as
     `norm`, with directions), stepped in `form` "continuous" or "sequential" (module
-    docstring). Schemes may be given by name ("post", "pre", "peri", "ngpt")."""
+    docstring). Schemes may be given by name ("post", "pre", "peri", "ngpt", "flat")."""
 
     def __init__(self, attention: SelfAttention, mlp: MLP | None = None,
                  norm: Scheme | str = "post", mlp_norm: Scheme | str | None = None,
@@ -68,6 +67,7 @@ class Block:
         self.attention = attention
         self.mlp = mlp
         self.scheme: Scheme = make_scheme(norm)
+        self.scheme.check_attention(attention)
         self.mlp_scheme: Scheme | None = None
         if mlp is not None:
             self.mlp_scheme = make_scheme(
@@ -105,12 +105,12 @@ class Block:
 
     @property
     def manifold(self) -> Manifold:
-        """The state space: the sphere (post, ngpt) or R^d (pre, peri)."""
+        """The state space: the sphere (post, ngpt) or R^d (pre, peri, flat)."""
         return self.scheme.manifold
 
     @property
     def norm(self) -> str:
-        """The attention scheme's name ("post", "pre", "peri", "ngpt")."""
+        """The attention scheme's name ("post", "pre", "peri", "ngpt", "flat")."""
         return self.scheme.kind
 
     @property
@@ -120,8 +120,9 @@ class Block:
 
     @property
     def has_exact_jacobian(self) -> bool:
-        """True when `jacobian` is available: post-LN (with directions) softmax attention
-        without positions, QK-norm or biases, and such a post-LN feed-forward term if any."""
+        """True when `jacobian` is available: post-LN (with directions) or flat softmax
+        attention without positions, QK-norm or biases, and a feed-forward term in the same
+        scheme if any."""
         return (self.attention.has_exact_jacobian and self.scheme.exact_jacobian
                 and (self.mlp_scheme is None or self.mlp_scheme.exact_jacobian))
 
@@ -142,6 +143,11 @@ class Block:
         return X
 
     # ------------------------------------------------------------------ the field
+    def kernel_for(self, X: np.ndarray) -> Kernel:
+        """The attention kernel for states shaped like X (`SelfAttention.kernel_for`; no
+        harmonic kernel where the scheme's inputs are not unit vectors)."""
+        return self.attention.kernel_for(X, self.scheme.unit_inputs)
+
     def attention_output(self, u: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
         """The attention sublayer's output at its inputs u (..., n, d)."""
         return self.attention.output(u, kernel)
@@ -217,8 +223,9 @@ class Block:
         [..., i, :, k, :] = dF_i/dx_k (dense, for the implicit methods). Available when
         `has_exact_jacobian`."""
         if not self.has_exact_jacobian:
-            raise fail("model", "post-LN softmax attention without positional encodings or "
-                       "QK-norm (and a post-LN MLP) for the exact Jacobian", repr(self))
+            raise fail("model", "post-LN softmax attention (or flat: no normalisation) "
+                       "without positional encodings or QK-norm (and an MLP in the same "
+                       "scheme) for the exact Jacobian", repr(self))
         X = self.check_tokens(X)
         a, Da = self.attention.jacobian_parts(X)
         if self.mlp is not None:
@@ -228,7 +235,7 @@ class Block:
             idx = np.arange(n)
             Da = Da.copy()
             Da[..., idx, :, idx, :] += np.moveaxis(Dm, -3, 0)
-        return tangent_jacobian(X, a, Da)
+        return self.scheme.jacobian(X, a, Da)
 
     def attention_matrix(self, X: Any, head: int = 0) -> np.ndarray:
         """The attention weights of one head (0-based), (..., n, n + m) (m memory columns
@@ -307,7 +314,8 @@ class Attention(Block):
         picks the fastest kernel that has the model's options per call; "dense" is the
         readable reference.
     norm : normalisation scheme: "post" (default; tokens on the sphere), "pre", "peri" (tokens
-        in R^d, radius in the state), "ngpt" or "ngpt:ALPHA", or a scheme object
+        in R^d, radius in the state), "ngpt" or "ngpt:ALPHA", "flat" (no normalisation:
+        attention reads x in R^d itself; no memory, no harmonic backend), or a scheme object
         (`attnflow.family.schemes`, e.g. ``Pre(RMSNorm(gain, eps))``).
     alpha : nGPT's step (default 0.2), used only with norm="ngpt".
     attention : weight normalisation: "softmax" (default), "unnormalised" (weights

@@ -13,6 +13,8 @@ post     sphere     P_x(s(x))                   x <- LN(x + s(x))  (the paper's;
 pre      R^d        s(N(x))                     x <- x + s(N(x))  (GPT-2, LLaMA/RMSNorm)
 peri     R^d        N_out(s(N(x)))              x <- x + N_out(s(N(x)))  (sandwich, Gemma)
 ngpt     sphere     alpha P_x(s(x) / |s(x)|)    x <- norm(x + alpha s(x) / |s(x)|)  (nGPT)
+flat     R^d        s(x)                        x <- x + s(x)  (no normalisation at all: the
+                                                mean-field "Gaussian closure" setting)
 =======  =========  ==========================  ============================================
 
 N and N_out are `attnflow.family.norms` objects: the direction x / |x| (default; the theory's
@@ -20,6 +22,13 @@ idealisation) or RMSNorm with a gain and eps (a trained model's). With direction
 polar form is dr/dt = <theta, s>, dtheta/dt = P_theta(s) / r: the radius grows and slows the
 angular motion; peri-LN is the same with s / |s| (0 where s = 0). On the sphere the input is
 the state itself (unit rows).
+
+The flat scheme reads x itself: nothing is of unit norm, so the options made for unit tokens
+are refused with the argument named (`Flat.check_attention`): memory points (on the sphere)
+and the harmonic kernels (which need queries and keys of one norm). Every mask makes sense in
+R^d; QK-norm (which normalises queries and keys, not tokens) is allowed; the geodesic method
+needs the sphere (refused by `simulate` for every R^d scheme). Its Jacobian is the attention
+sublayer's own (`exact_jacobian`), since the velocity is the sublayer output.
 """
 
 from __future__ import annotations
@@ -30,12 +39,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from attnflow._checks import fail, number
+from attnflow.family.jacobian import tangent_jacobian
 from attnflow.family.norms import Direction, Norm, norm_from_record, unit
 from attnflow.family.parts import Part, register
+from attnflow.kernels import get_kernel
 from attnflow.manifolds import EUCLIDEAN, SPHERE, Manifold
 from attnflow.sphere import project
 
-__all__ = ["NGPT", "SCHEMES", "Peri", "Post", "Pre", "Scheme", "make_scheme"]
+__all__ = ["NGPT", "SCHEMES", "Flat", "Peri", "Post", "Pre", "Scheme", "make_scheme"]
 
 
 @register
@@ -47,9 +58,12 @@ class Scheme(Part):
     name: ClassVar[str] = "norm"
     slot: ClassVar[str] = "scheme"
     help: ClassVar[str] = ("Normalisation scheme: post (the paper's, on the sphere) | pre | peri "
-                           "(tokens in R^d) | ngpt.")
-    text_help: ClassVar[str] = "post | pre | peri | ngpt[:ALPHA]"
+                           "(tokens in R^d) | ngpt | flat (none: attention reads x itself).")
+    text_help: ClassVar[str] = "post | pre | peri | ngpt[:ALPHA] | flat"
     manifold: ClassVar[Manifold] = SPHERE
+    # True when the sublayer reads unit vectors (the state on the sphere, its direction or its
+    # RMSNorm): zero tokens are then refused, and options made for unit tokens apply.
+    unit_inputs: ClassVar[bool] = True
 
     def inputs(self, X: np.ndarray) -> np.ndarray:
         """The sublayer's input u (..., n, d) at the state X: X itself on the sphere."""
@@ -65,11 +79,20 @@ class Scheme(Part):
 
     @property
     def exact_jacobian(self) -> bool:
-        """True when blocks with this scheme have a closed-form Jacobian (post-LN)."""
+        """True when blocks with this scheme have a closed-form Jacobian (post-LN, flat)."""
         return False
+
+    def jacobian(self, X: np.ndarray, a: np.ndarray, Da: np.ndarray) -> np.ndarray:
+        """The Jacobian (..., n, d, n, d) of the velocity at X, given the sublayer output a
+        (..., n, d) at inputs(X) = X and its derivative Da = da/dX (`exact_jacobian` only)."""
+        raise NotImplementedError
 
     def check(self, d: int | None, name: str) -> None:
         """Raise ValueError if the scheme's norms cannot act on tokens of dimension d."""
+
+    def check_attention(self, attention: Any) -> None:
+        """Raise ValueError, naming the option, for an attention sublayer (a
+        `SelfAttention`) with options this scheme's inputs make meaningless."""
 
     @property
     def idealised(self) -> bool:
@@ -145,6 +168,9 @@ class Post(Scheme):
     def exact_jacobian(self) -> bool:
         return self.idealised
 
+    def jacobian(self, X, a, Da):
+        return tangent_jacobian(X, a, Da)
+
     @property
     def idealised(self) -> bool:
         return isinstance(self.norm, Direction)
@@ -214,15 +240,47 @@ class NGPT(Scheme):
         return f"ngpt:{self.alpha!r}"
 
 
-SCHEMES: dict[str, type[Scheme]] = {cls.kind: cls for cls in (Post, Pre, Peri, NGPT)}
+@dataclass(frozen=True, eq=False)
+class Flat(Scheme):
+    """No normalisation: the sublayer reads the state x in R^d itself and its output is the
+    velocity, dx/dt = s(x) (Castin, Ablin, Carrillo, Peyre's setting, in which a Gaussian law
+    of tokens stays Gaussian in the mean-field limit; docs/science.md §11.5)."""
+
+    kind: ClassVar[str] = "flat"
+    manifold: ClassVar[Manifold] = EUCLIDEAN
+    unit_inputs: ClassVar[bool] = False
+
+    def field(self, X, S):
+        return S
+
+    @property
+    def exact_jacobian(self) -> bool:
+        return True
+
+    def jacobian(self, X, a, Da):
+        return Da
+
+    def check_attention(self, attention):
+        if attention.memory is not None:
+            raise fail("memory", "None with norm 'flat' (memory points are unit vectors on "
+                       "the sphere; flat tokens live in R^d with any norm)",
+                       f"{len(attention.memory[1])} memory points")
+        if getattr(get_kernel(attention.backend), "reads_directions", False):
+            raise fail("backend", "a kernel for queries and keys of any norm with norm 'flat' "
+                       "(the harmonic kernels need queries and keys of one norm: unit tokens)",
+                       repr(attention.backend))
+
+
+SCHEMES: dict[str, type[Scheme]] = {cls.kind: cls for cls in (Post, Pre, Peri, NGPT, Flat)}
 
 
 def make_scheme(norm: str | Scheme, alpha: float = 0.2, name: str = "norm") -> Scheme:
-    """The scheme `norm` (an object, or "post", "pre", "peri", "ngpt", or "ngpt:ALPHA" as on
-    the command line); alpha is nGPT's step when `norm` is the bare name "ngpt"."""
+    """The scheme `norm` (an object, or "post", "pre", "peri", "ngpt", "flat", or "ngpt:ALPHA"
+    as on the command line); alpha is nGPT's step when `norm` is the bare name "ngpt"."""
     if isinstance(norm, Scheme):
         if type(norm) is Scheme:
-            raise fail(name, "a concrete scheme (Post, Pre, Peri, NGPT)", "the base Scheme")
+            raise fail(name, "a concrete scheme (Post, Pre, Peri, NGPT, Flat)",
+                       "the base Scheme")
         return norm
     if isinstance(norm, str) and ":" in norm:
         return Scheme.parse(norm, name)
