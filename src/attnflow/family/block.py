@@ -313,8 +313,8 @@ class Attention(Block):
     attention : weight normalisation: "softmax" (default), "unnormalised" (weights
         exp(score) / N, N = n plus the memory multiplicities), "positional" (exp(score) times
         the row's position weights exp(bias) normalised over the keys it sees) or "sinkhorn" /
-        "sinkhorn:IT" / ("sinkhorn", it) (doubly stochastic by `it` Sinkhorn iterations, default 20; full
-        mask, no memory).
+        "sinkhorn:IT" / ("sinkhorn", it) (doubly stochastic by `it` Sinkhorn iterations,
+        default 20; full mask, no memory).
     rope : rotary position embedding: an `attnflow.RoPE`, a base, "BASE[:PAIRING[:OFFSET]]",
         or None.
     alibi : linear score biases: an `attnflow.ALiBi`, a slope, one slope per head, "default",

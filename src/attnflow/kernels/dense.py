@@ -92,9 +92,10 @@ def _sinkhorn(scores: np.ndarray, iterations: int) -> np.ndarray:
 
 def _unnormalised_output(scores: np.ndarray, values: np.ndarray, count: float | np.ndarray
                          ) -> np.ndarray:
-    """sum_j exp(s_ij) v_j / N (N a number, or (n, 1) per row) without spurious overflow or NaN: the row maximum M is taken
-    out, (sum_j exp(s_ij - M) v_j) is multiplied by exp((M - log N) / 2) twice, and a zero
-    sum stays 0 (never 0 * inf); a result beyond the float range is +-inf."""
+    """sum_j exp(s_ij) v_j / N (N a number, or (n, 1) per row) without spurious overflow or
+    NaN: the row maximum M is taken out, (sum_j exp(s_ij - M) v_j) is multiplied by
+    exp((M - log N) / 2) twice, and a zero sum stays 0 (never 0 * inf); a result beyond the
+    float range is +-inf."""
     top = np.max(scores, axis=-1, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)  # a row without keys: every weight 0
     inner = np.exp(scores - top) @ values
