@@ -17,7 +17,8 @@
 
 * kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
-  density given by its Fourier coefficients.
+  density given by its Fourier coefficients; with ALiBi (§11.1): the Hardy label, the
+  retrieval profile, the soft accuracy and the critical time of recency.
 
 Definitions follow docs/science.md §§2-4 and are restated in each docstring.
 """
@@ -67,11 +68,16 @@ from attnflow.analysis.family import (
     uniform_fluctuation,
 )
 from attnflow.analysis.kinetic import (
+    alibi_memory,
     causal_memory,
     cell_memory,
     growth_rate,
     hardy_kernel,
+    hardy_label,
     inverse_cdf,
+    recency_time,
+    soft_accuracy,
+    soft_weights,
 )
 from attnflow.analysis.parking import (
     RENYI_PARKING_CONSTANT,
@@ -157,4 +163,9 @@ __all__ = [
     "growth_rate",
     "hardy_kernel",
     "inverse_cdf",
+    "alibi_memory",
+    "hardy_label",
+    "recency_time",
+    "soft_accuracy",
+    "soft_weights",
 ]
