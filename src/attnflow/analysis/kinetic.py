@@ -34,6 +34,7 @@ Softmax attention, Q = K = V = I, d = 2, no noise unless said.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -98,7 +99,7 @@ def cell_memory(s_cell: tuple[float, float], u_cell: tuple[float, float], tau: f
     if not (0 <= s_lo < s_hi <= u_lo < u_hi) or tau < 0:
         raise fail("cells", "0 <= s_lo < s_hi <= u_lo < u_hi and tau >= 0",
                    f"{s_cell}, {u_cell}, tau {tau}")
-    x, w = np.polynomial.legendre.leggauss(nodes)
+    x, w = _gauss_legendre(nodes)
     su = hardy_label(u_lo + (u_hi - u_lo) * (x + 1) / 2, slope)
     if tau == 0:
         return 0.0
@@ -108,6 +109,13 @@ def cell_memory(s_cell: tuple[float, float], u_cell: tuple[float, float], tau: f
     far = gammaincc(m + 1, np.log(su / hardy_label(s_lo, slope))) if s_lo > 0 else 0.0
     inner = np.sum(np.exp(log_weights) * (near - far), axis=0) / (s_hi - s_lo)
     return float(np.sum(w * inner) / 2)
+
+
+@lru_cache(maxsize=8)
+def _gauss_legendre(nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Gauss-Legendre nodes and weights on [-1, 1] (cached: cell_memory is called per
+    cell, mode and time)."""
+    return np.polynomial.legendre.leggauss(nodes)
 
 
 def hardy_label(s: Any, slope: float) -> np.ndarray:

@@ -2,8 +2,9 @@
 from iid uniform starts, cut into label cells, and the regression of the last cell's Fourier
 moments at time t on every cell's initial moments (docs/science.md §9, "Memory").
 
-Token i (1-based) of n carries the label i/n and lies in cell ceil(i S / n) of S cells
-((b - 1)/S, b/S]; the last cell stands for "the last tokens". For mode k, A_b = (1/M_b)
+Token i (1-based) of n carries the label i/n and lies in the cell (e_{b-1}, e_b] of the label
+edges 0 = e_0 < ... < e_S = 1 (S equal cells: e_b = b/S); the last cell stands for "the last
+tokens". For mode k, A_b = (1/M_b)
 sum_{j in b} e^{ik theta_j(0)} and B(t) = (1/M_S) sum_{i in S} e^{ik theta_i(t)}; the real
 least-squares coefficients G_b of B on the A_b (both parts of every run: 2 runs equations, S
 unknowns) estimate the covariances, so C_b = n G_b / M_b estimates n E[cos k(theta_i(t) -
@@ -45,13 +46,14 @@ class CellMoments:
         return CellMoments(self.A[runs], self.B[runs], self.sizes)
 
 
-def cell_moments(model: Attention, n: int, runs: int, cells: int, modes: list[int],
+def cell_moments(model: Attention, n: int, runs: int, edges: np.ndarray, modes: list[int],
                  times: list[float], dt: float, chunk: int, rng: np.random.Generator,
                  progress: Progress) -> CellMoments:
     """Simulate `runs` iid uniform starts of n tokens on the circle under `model` (RK4, step
-    dt, `chunk` runs at a time) to the last of `times` (attnflow time) and keep the cell
-    moments of the given `modes` (module docstring)."""
-    cell = np.ceil(np.arange(1, n + 1) * cells / n).astype(int) - 1
+    dt, `chunk` runs at a time) to the last of `times` (attnflow time) and keep the moments
+    of the given `modes` in the cells of the label `edges` (S + 1,) (module docstring)."""
+    cells = len(edges) - 1
+    cell = np.searchsorted(edges, np.arange(1, n + 1) / n * (1 - 1e-12)) - 1
     sizes = np.bincount(cell, minlength=cells)
     k = np.asarray(modes)[:, None, None]
     A, B = [], []

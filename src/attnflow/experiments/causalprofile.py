@@ -96,8 +96,9 @@ def _solver(params, times) -> np.ndarray:
 def _particles(params, times, rng, progress) -> tuple[np.ndarray, np.ndarray]:
     """C_b from particles and its standard errors, both (times, S - 1) (module docstring)."""
     model = Attention(beta=float(params["beta"]), mask="causal", backend="harmonic")
-    moments = cell_moments(model, params["n"], params["runs"], params["cells"], [params["k"]],
-                           times, params["dt"], params["chunk"], rng, progress)
+    edges = np.arange(params["cells"] + 1) / params["cells"]
+    moments = cell_moments(model, params["n"], params["runs"], edges, [params["k"]], times,
+                           params["dt"], params["chunk"], rng, progress)
     est, se = regress(moments)
     return est[0], se[0]
 
