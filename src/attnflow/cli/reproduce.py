@@ -18,7 +18,8 @@ def reproduce(
     names: list[str] = typer.Argument(None, help="Recipes to run (default: all of the "
                                       "suite). `attnflow reproduce --list` shows them."),
     suite: str = typer.Option("all", help="paper (the seed paper's recipes), followups (the "
-                              "follow-up literature, a real model) or all."),
+                              "follow-up literature, a real model), closedforms (the closed "
+                              "forms of 2025-26) or all."),
     full: bool = typer.Option(False, "--full/--quick", help="The paper's sizes (slow) or the "
                               "quick default sizes (all recipes in minutes)."),
     out: Path = typer.Option(Path("reproduction"), "--out", "-o", help="Output folder."),

@@ -218,15 +218,15 @@ def _profile_figure(results, edges) -> Figure:
             ax.plot(fine, soft_accuracy(fine, t, r["beta"], r["slope"]), color=color, lw=0.8,
                     ls=":")
             ax.stairs(r["closed"][i], edges[:-1], color=color, lw=1.1,
-                      label=f"t = {t / r['t_crit']:.2g} t_crit")
+                      label=f"t = {t / r['t_crit']:g} t_crit")
             ax.errorbar(centres, r["particles"][i], yerr=2 * r["particles_se"][i], fmt="o",
                         color=color, ms=3, mfc="none", elinewidth=0.8)
         ax.set(yscale="log", xlabel="label s of the retrieved token",
                title=f"beta = {r['beta']:g}, ALiBi slope {r['slope']:g}: "
                f"t_crit = {r['t_crit']:.2f}")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7, title="closed form (cells, steps; point, dotted)",
-                  title_fontsize=7)
+        ax.legend(fontsize=7, title="closed form: cells (steps), point (dotted);\n"
+                  "particles: circles, 2 se", title_fontsize=7)
     axes[0].set_ylabel("soft accuracy n E[sum_k w_k cos k(theta_n(t) - theta_j(0))]")
     fig.tight_layout()
     return fig
@@ -245,9 +245,10 @@ def _crit_figure(results) -> Figure:
                     color=color, ms=4, mfc="none",
                     label=f"particles: crossing {r['t_hat'] / r['t_crit']:.3f} +- "
                     f"{r['t_hat_se'] / r['t_crit']:.3f} t_crit")
+    ax.set_ylim(-2.5, 2.5)  # the closed form's range: error bars beyond it are cut
     ax.axhline(0, color="k", lw=0.6)
     ax.axvline(1, color="k", lw=0.8, ls="--", label="derived t_crit")
-    ax.set(xlabel="t / t_crit", ylabel="right-end slope of the profile (scaled)",
+    ax.set(xlabel="t / t_crit", ylabel="right-end slope over the last cells / closed form's max",
            title="recency until t_crit: the slope of the profile over the last cells")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
