@@ -217,7 +217,7 @@ def _profile_figure(results, edges) -> Figure:
             color = f"C{i}"
             ax.plot(fine, soft_accuracy(fine, t, r["beta"], r["slope"]), color=color, lw=0.8,
                     ls=":")
-            ax.stairs(r["closed"][i], edges[:-1], color=color, lw=1.1,
+            ax.stairs(r["closed"][i], edges[:-1], baseline=None, color=color, lw=1.1,
                       label=f"t = {t / r['t_crit']:g} t_crit")
             ax.errorbar(centres, r["particles"][i], yerr=2 * r["particles_se"][i], fmt="o",
                         color=color, ms=3, mfc="none", elinewidth=0.8)
