@@ -181,7 +181,7 @@ def test_full_attention_is_permutation_equivariant():
     (lambda x: harmonic.attend(x, x, x, 1.0, np.tril(np.ones((5, 5), bool))),
      "mask: expected 'full', 'causal' or \\('window', w\\) for the harmonic kernel"),
     (lambda x: harmonic.attend(x, x, x, 1.0, "full", normalization=("sinkhorn", 3)),
-     "normalization: expected 'softmax' or 'unnormalised'"),
+     "normalization: expected 'softmax', 'unnormalised' or 'positional'"),
     (lambda x: harmonic.attend(x, x, x, 1.0, "causal", bias=np.zeros((5, 5))),
      "bias: expected None or a LinearBias"),
     (lambda x: harmonic.attend(np.ones((5, 4)), np.ones((5, 4)), x, 1.0, "causal"),

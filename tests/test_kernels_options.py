@@ -168,6 +168,7 @@ def test_kernel_without_an_option_names_backend_and_option(name):
     rng = np.random.default_rng(13)
     q, k, v = inputs(rng, (2,), 6)
     for option, kw in (("unnormalised", dict(normalization="unnormalised")),
+                       ("positional", dict(normalization="positional")),
                        ("sinkhorn", dict(normalization=("sinkhorn", 2))),
                        ("bias", dict(bias=np.zeros((6, 6))))):
         if option in SUPPORTS[name]:
@@ -178,7 +179,8 @@ def test_kernel_without_an_option_names_backend_and_option(name):
 
 
 def test_supports_table():
-    assert SUPPORTS["dense"] == SUPPORTS["auto"] == {"bias", "unnormalised", "sinkhorn"}
+    assert SUPPORTS["dense"] == SUPPORTS["auto"] == {"bias", "unnormalised", "positional",
+                                                     "sinkhorn"}
     assert set(SUPPORTS) == {"auto", "dense", "fused", "blocked", "torch", "harmonic"}
 
 

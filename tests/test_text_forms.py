@@ -43,8 +43,8 @@ def test_mask_text_from_a_file(tmp_path):
 
 @pytest.mark.parametrize("kwargs,pattern", [
     ({"mask": "window:0"}, r"mask: expected window:W with an integer W >= 1, received 'window:0'"),
-    ({"attention": "sinkhorn:x"}, r"attention: expected softmax, unnormalised, sinkhorn or "
-     r"sinkhorn:IT"),
+    ({"attention": "sinkhorn:x"}, r"attention: expected softmax, unnormalised, positional, "
+     r"sinkhorn or sinkhorn:IT"),
     ({"rope": "ten"}, r"rope: expected none or BASE"),
     ({"alibi": "steep"}, r"alibi: expected none, default, a slope S"),
     ({"qk_norm": "layer"}, r"qk_norm: expected none, rms or rms:EPS"),

@@ -24,7 +24,8 @@
 
 * kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
-  density given by its Fourier coefficients.
+  density given by its Fourier coefficients; with ALiBi (§11.1): the Hardy label, the
+  retrieval profile, the soft accuracy and the critical time of recency.
 * selectivity: one query over n iid uniform keys on S^{d-1} (docs/science.md §11.4): the
   critical scale beta_n = gamma n^{2/(d-1)}, the moments of the weights' limit law (a Poisson
   process of the nearest keys), exact samplers of the gaps 1 - <q, k>, the weights'
@@ -85,11 +86,16 @@ from attnflow.analysis.gaussian import (
     gaussian_moments,
 )
 from attnflow.analysis.kinetic import (
+    alibi_memory,
     causal_memory,
     cell_memory,
     growth_rate,
     hardy_kernel,
+    hardy_label,
     inverse_cdf,
+    recency_time,
+    soft_accuracy,
+    soft_weights,
 )
 from attnflow.analysis.parking import (
     RENYI_PARKING_CONSTANT,
@@ -206,4 +212,9 @@ __all__ = [
     "gaussian_isotropic_moments",
     "gaussian_moment_rhs",
     "gaussian_moments",
+    "alibi_memory",
+    "hardy_label",
+    "recency_time",
+    "soft_accuracy",
+    "soft_weights",
 ]

@@ -17,19 +17,37 @@ Softmax attention, Q = K = V = I, d = 2, no noise unless said.
   so the last token (u = 1) remembers the token at s with psi_tau(log(1/s)).
   `cell_memory` averages it over a cell of s and a cell of u (exactly in s, by the
   incomplete-gamma series of the integral; Gauss-Legendre in u).
+* Retrieval with ALiBi (arXiv 2605.09213; docs/science.md §11.1). Causal mask, the positional
+  weighting (exp(beta <x_i, x_j>) times the position weights e^{-slope (i - j) / n}
+  normalised over the keys j <= i): in the label sigma(s) = (e^{slope s} - 1) / slope
+  (`hardy_label`) the weighted average over the earlier labels is the Hardy operator, so
+
+      n E[cos k(theta_i(t) - theta_j(0))] -> (sigma'(s) / sigma(u)) psi_{r_k t}(log(sigma(u) /
+      sigma(s))),   r_k = k^2 I_k(beta) / beta   (`alibi_memory`),
+
+  the soft accuracy sums it over k with the weights e^{-pi^2 k^2 / (2 M^2)}
+  (`soft_accuracy`), and the last token's profile stops rising at its right end s -> 1 at
+  t_crit = 2 (1 - e^{-slope}) sum_k w_k r_k / sum_k w_k r_k^2 (`recency_time`). `cell_memory`
+  takes the slope too.
 * Quantiles of a density given by its Fourier coefficients (`inverse_cdf`).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from scipy.special import gammaincc, ive
 
 from attnflow._checks import fail
+from attnflow.analysis.family import dispersion_rate
 
-__all__ = ["causal_memory", "cell_memory", "growth_rate", "hardy_kernel", "inverse_cdf"]
+__all__ = ["alibi_memory", "causal_memory", "cell_memory", "growth_rate", "hardy_kernel",
+           "hardy_label", "inverse_cdf", "recency_time", "soft_accuracy", "soft_weights"]
+
+SOFT_WIDTH = 8.0  # M of the soft accuracy's weights e^{-pi^2 k^2 / (2 M^2)} (arXiv 2605.09213)
+SOFT_MODES = 20  # the modes k = 1..SOFT_MODES it sums (the source's truncation)
 
 
 def growth_rate(beta: float, k: Any) -> np.ndarray:
@@ -69,28 +87,99 @@ def causal_memory(s: Any, t: float, beta: float, k: int = 1, u: float = 1.0) -> 
 
 
 def cell_memory(s_cell: tuple[float, float], u_cell: tuple[float, float], tau: float,
-                nodes: int = 24) -> float:
-    """The average of (1/u) psi_tau(log(u/s)) over s uniform in s_cell = (s_lo, s_hi) and u
-    uniform in u_cell = (u_lo, u_hi), s_hi <= u_lo: what `causal_memory` predicts for the
-    regression of a cell of late tokens on a cell of early ones. The s-integral is exact:
-    int_{s_lo}^{s_hi} (1/u) psi_tau(log(u/s)) ds = sum_{m >= 0} tau^{m+1} / (m+1)!
-    [Q(m+1, log(u/s_hi)) - Q(m+1, log(u/s_lo))], Q the regularised upper incomplete gamma
-    function (Q(., inf) = 0 for s_lo = 0); the u-average uses `nodes` Gauss-Legendre
-    points."""
+                nodes: int = 24, slope: float = 0.0) -> float:
+    """The average of (sigma'(s) / sigma(u)) psi_tau(log(sigma(u) / sigma(s))) over s uniform
+    in s_cell = (s_lo, s_hi) and u uniform in u_cell = (u_lo, u_hi), s_hi <= u_lo, sigma the
+    `hardy_label` of ALiBi's `slope` (0: sigma(s) = s, the kernel (1/u) psi_tau(log(u/s)) of
+    `causal_memory`; else that of `alibi_memory`): what they predict for the regression of a
+    cell of late tokens on a cell of early ones. The s-integral is exact: with
+    sigma = sigma(u) e^{-y} it is int psi_tau(y) e^{-y} dy = sum_{m >= 0} tau^{m+1} / (m+1)!
+    [Q(m+1, log(sigma(u)/sigma(s_hi))) - Q(m+1, log(sigma(u)/sigma(s_lo)))], Q the
+    regularised upper incomplete gamma function (Q(., inf) = 0 for s_lo = 0); the u-average
+    uses `nodes` Gauss-Legendre points."""
     (s_lo, s_hi), (u_lo, u_hi) = s_cell, u_cell
     if not (0 <= s_lo < s_hi <= u_lo < u_hi) or tau < 0:
         raise fail("cells", "0 <= s_lo < s_hi <= u_lo < u_hi and tau >= 0",
                    f"{s_cell}, {u_cell}, tau {tau}")
-    x, w = np.polynomial.legendre.leggauss(nodes)
-    u = u_lo + (u_hi - u_lo) * (x + 1) / 2
+    x, w = _gauss_legendre(nodes)
+    su = hardy_label(u_lo + (u_hi - u_lo) * (x + 1) / 2, slope)
     if tau == 0:
         return 0.0
     m = np.arange(int(tau) + 60)[:, None]
     log_weights = (m + 1) * np.log(tau) - np.cumsum(np.log(m + 1), axis=0)  # tau^{m+1}/(m+1)!
-    near = gammaincc(m + 1, np.log(u / s_hi))
-    far = gammaincc(m + 1, np.log(u / s_lo)) if s_lo > 0 else 0.0
+    near = gammaincc(m + 1, np.log(su / hardy_label(s_hi, slope)))
+    far = gammaincc(m + 1, np.log(su / hardy_label(s_lo, slope))) if s_lo > 0 else 0.0
     inner = np.sum(np.exp(log_weights) * (near - far), axis=0) / (s_hi - s_lo)
     return float(np.sum(w * inner) / 2)
+
+
+@lru_cache(maxsize=8)
+def _gauss_legendre(nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The Gauss-Legendre nodes and weights on [-1, 1] (cached: cell_memory is called per
+    cell, mode and time)."""
+    return np.polynomial.legendre.leggauss(nodes)
+
+
+def hardy_label(s: Any, slope: float) -> np.ndarray:
+    """sigma(s) = (e^{slope s} - 1) / slope (s itself at slope 0) for labels s >= 0 and ALiBi's
+    slope >= 0 per unit label (position weights e^{-slope (i - j) / n}): the label in which the
+    ALiBi-weighted average over the labels before s, int_0^s slope e^{-slope (s - s')} eps(s')
+    ds' / (1 - e^{-slope s}), is the Hardy operator (1/sigma) int_0^sigma eps dsigma'.
+    Vectorised over s."""
+    s = np.asarray(s, dtype=float)
+    if not (np.isfinite(slope) and slope >= 0) or np.any(s < 0):
+        raise fail("slope, s", "a finite slope >= 0 and labels s >= 0", f"{slope}, {s}")
+    return np.expm1(slope * s) / slope if slope > 0 else s
+
+
+def alibi_memory(s: Any, t: float, beta: float, slope: float, k: int = 1, u: float = 1.0
+                 ) -> np.ndarray:
+    """The n -> infinity limit of n E[cos k(theta_i(t) - theta_j(0))] for n iid uniform tokens
+    on the circle under causal attention with the positional weighting and ALiBi's slope per
+    unit label (attnflow time, Q = K = V = I): (sigma'(s) / sigma(u)) psi_{r_k t}(log(sigma(u)
+    / sigma(s))), sigma the `hardy_label`, r_k = k^2 I_k(beta) / beta (module docstring;
+    docs/science.md §11.1). Token i at label u = i/n, j at s = j/n in (0, u), vectorised over
+    s; t >= 0, beta >= 0, k >= 1. At slope 0 it is `causal_memory` with the rate r_k."""
+    s = np.asarray(s, dtype=float)
+    if np.any(s <= 0) or np.any(s >= u):
+        raise fail("s", f"labels in (0, u = {u})", repr(s))
+    rate = float(dispersion_rate(k, beta, attention="unnormalised"))
+    jacobian = np.exp(slope * s) / hardy_label(u, slope)  # sigma'(s) / sigma(u)
+    return jacobian * hardy_kernel(rate * t, np.log(hardy_label(u, slope) / hardy_label(s,
+                                                                                       slope)))
+
+
+def soft_weights(width: float = SOFT_WIDTH, modes: int = SOFT_MODES) -> np.ndarray:
+    """w_k = e^{-pi^2 k^2 / (2 width^2)}, k = 1..modes (modes,): the soft accuracy's weights
+    (a wrapped Gaussian of the angle's error, of standard deviation about pi / width)."""
+    if not (np.isfinite(width) and width > 0) or modes < 1:
+        raise fail("width, modes", "width > 0 and modes >= 1", f"{width}, {modes}")
+    k = np.arange(1, modes + 1)
+    return np.exp(-0.5 * (np.pi * k / width) ** 2)
+
+
+def soft_accuracy(s: Any, t: float, beta: float, slope: float, width: float = SOFT_WIDTH,
+                  modes: int = SOFT_MODES) -> np.ndarray:
+    """sum_{k=1}^{modes} w_k `alibi_memory`(s, t, beta, slope, k) at u = 1, w_k the
+    `soft_weights`: the n -> infinity limit of n E[sum_k w_k cos k(theta_n(t) - theta_j(0))],
+    the last token's soft retrieval of the token at label s (arXiv 2605.09213's profile).
+    Vectorised over s in (0, 1)."""
+    w = soft_weights(width, modes)
+    return sum(wk * alibi_memory(s, t, beta, slope, k) for k, wk in enumerate(w, start=1))
+
+
+def recency_time(beta: float, slope: float, width: float = SOFT_WIDTH,
+                 modes: int = SOFT_MODES) -> float:
+    """t_crit = 2 (1 - e^{-slope}) sum_k w_k r_k / sum_k w_k r_k^2 (attnflow time; r_k =
+    k^2 I_k(beta) / beta, w_k the `soft_weights`): the time at which the slope of
+    `soft_accuracy` at its right end s -> 1 changes sign, positive before (recency: the profile
+    rises towards the last tokens), negative after; 0 without ALiBi (docs/science.md §11.1).
+    beta > 0, slope >= 0."""
+    if not beta > 0:
+        raise fail("beta", "beta > 0", repr(beta))
+    w = soft_weights(width, modes)
+    r = dispersion_rate(np.arange(1, modes + 1), beta, attention="unnormalised")
+    return float(-2 * np.expm1(-slope) * np.sum(w * r) / np.sum(w * r * r))
 
 
 def inverse_cdf(c: Any, q: Any) -> np.ndarray:

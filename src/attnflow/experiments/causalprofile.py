@@ -19,9 +19,10 @@ tokens" (u in ((S - 1)/S, 1]), mode k:
 * particles (harmonic kernel, `runs` iid uniform starts of n tokens): the real least-squares
   coefficients G_b of B = (1/M_S) sum_{i in last cell} e^{ik theta_i(t)} on the cells'
   initial moments A_b = (1/M_b) sum_{j in b} e^{ik theta_j(0)} (both parts of every run:
-  2 runs equations, S unknowns); C_b = n G_b / M_b. This is the covariance C(s, t) (the A_b
-  are uncorrelated and of equal variance), with the other cells' contributions regressed out
-  instead of left as noise. Standard errors: ordinary least squares (residual variance).
+  2 runs equations, S unknowns); C_b = n G_b / M_b (`attnflow.experiments._cells`). This is
+  the covariance C(s, t) (the A_b are uncorrelated and of equal variance), with the other
+  cells' contributions regressed out instead of left as noise. Standard errors: ordinary
+  least squares (residual variance).
 """
 
 from __future__ import annotations
@@ -33,12 +34,11 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attnflow.analysis.kinetic import causal_memory, cell_memory, growth_rate
+from attnflow.experiments._cells import cell_moments, regress
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention
 from attnflow.meanfield import from_coefficients, solve
-from attnflow.simulate import simulate
-from attnflow.sphere import uniform
 
 PAPERS = ("2605.09213",)  # arXiv ids of the papers whose claims this recipe checks
 NAME = "causalprofile"
@@ -95,30 +95,12 @@ def _solver(params, times) -> np.ndarray:
 
 def _particles(params, times, rng, progress) -> tuple[np.ndarray, np.ndarray]:
     """C_b from particles and its standard errors, both (times, S - 1) (module docstring)."""
-    n, R, S, k = params["n"], params["runs"], params["cells"], params["k"]
-    cell = np.ceil(np.arange(1, n + 1) * S / n).astype(int) - 1  # token i (1-based) at i/n
-    sizes = np.bincount(cell, minlength=S)
     model = Attention(beta=float(params["beta"]), mask="causal", backend="harmonic")
-    A, Bs = [], []  # initial cell moments (R, S); the last cell's moments (R, len(times))
-    for first in range(0, R, params["chunk"]):
-        x0 = uniform((min(params["chunk"], R - first), n), 2, rng)
-        traj = simulate(model, x0, times[-1], save_at=[0.0, *times], method="rk4",
-                        dt=params["dt"])
-        waves = np.exp(1j * k * np.arctan2(traj.states[..., 1], traj.states[..., 0]))
-        A.append(np.stack([waves[0][:, cell == b].mean(axis=1) for b in range(S)], axis=1))
-        Bs.append(waves[1:][..., cell == S - 1].mean(axis=-1).T)
-        progress(min(first + params["chunk"], R) / R)
-    A, Bs = np.concatenate(A), np.concatenate(Bs)
-    X = np.concatenate([A.real, A.imag])  # (2R, S)
-    est, se = np.zeros((len(times), S - 1)), np.zeros((len(times), S - 1))
-    for i in range(len(times)):
-        y = np.concatenate([Bs[:, i].real, Bs[:, i].imag])
-        G, rss, *_ = np.linalg.lstsq(X, y, rcond=None)
-        resid = float(rss[0]) if rss.size else float(np.sum((y - X @ G) ** 2))
-        cov = resid / (X.shape[0] - S) * np.linalg.inv(X.T @ X)
-        est[i] = (n * G / sizes)[:-1]
-        se[i] = (n * np.sqrt(np.diag(cov)) / sizes)[:-1]
-    return est, se
+    edges = np.arange(params["cells"] + 1) / params["cells"]
+    moments = cell_moments(model, params["n"], params["runs"], edges, [params["k"]], times,
+                           params["dt"], params["chunk"], rng, progress)
+    est, se = regress(moments)
+    return est[0], se[0]
 
 
 def _solver_claim(solver, closed, params) -> Claim:

@@ -72,7 +72,7 @@ class SelfAttention:
     backend : the attention kernel (`attnflow.kernels.KERNELS`): "auto" (default) picks the
         fastest kernel that has the sublayer's options per call; "dense" is the reference.
     weighting : a `Weighting` or its short forms: "softmax" (default), "unnormalised",
-        "sinkhorn" / ("sinkhorn", it).
+        "positional", "sinkhorn" / ("sinkhorn", it).
     encodings : positional encodings (`Encoding` parts: RoPE, ALiBi, ScoreBias, ...), applied
         in order.
     qk_norm : a `QKNorm` or None.
@@ -147,7 +147,8 @@ class SelfAttention:
 
     @property
     def normalization(self) -> str | tuple[str, int]:
-        """The kernels' normalization argument ("softmax", "unnormalised", ("sinkhorn", it))."""
+        """The kernels' normalization argument ("softmax", "unnormalised", "positional",
+        ("sinkhorn", it))."""
         return self.weighting.kernel_arg
 
     # ------------------------------------------------------------------ properties
@@ -195,7 +196,8 @@ class SelfAttention:
 
     @property
     def options(self) -> frozenset[str]:
-        """The kernel options this sublayer needs ("bias", "unnormalised", "sinkhorn")."""
+        """The kernel options this sublayer needs ("bias", "unnormalised", "positional",
+        "sinkhorn")."""
         bias = np.zeros(0) if any(e.adds_bias for e in self.encodings) else None
         return options.needed(bias, self.normalization)
 

@@ -319,9 +319,10 @@ class Attention(Block):
         (`attnflow.family.schemes`, e.g. ``Pre(RMSNorm(gain, eps))``).
     alpha : nGPT's step (default 0.2), used only with norm="ngpt".
     attention : weight normalisation: "softmax" (default), "unnormalised" (weights
-        exp(score) / N, N = n plus the memory multiplicities) or "sinkhorn" / "sinkhorn:IT" /
-        ("sinkhorn", it) (doubly stochastic by `it` Sinkhorn iterations, default 20; full
-        mask, no memory).
+        exp(score) / N, N = n plus the memory multiplicities), "positional" (exp(score) times
+        the row's position weights exp(bias) normalised over the keys it sees) or "sinkhorn" /
+        "sinkhorn:IT" / ("sinkhorn", it) (doubly stochastic by `it` Sinkhorn iterations,
+        default 20; full mask, no memory).
     rope : rotary position embedding: an `attnflow.RoPE`, a base, "BASE[:PAIRING[:OFFSET]]",
         or None.
     alibi : linear score biases: an `attnflow.ALiBi`, a slope, one slope per head, "default",

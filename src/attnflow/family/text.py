@@ -4,7 +4,7 @@ Every registered part (`attnflow.family.PARTS`) with a text form is an option: `
 on the command line, the axis ``NAME`` in a sweep spec. The built-in ones:
 
 * norm: ``post`` | ``pre`` | ``peri`` | ``ngpt`` (nGPT's step: alpha, a number of its own)
-* attention: ``softmax`` | ``unnormalised`` | ``sinkhorn`` | ``sinkhorn:IT``
+* attention: ``softmax`` | ``unnormalised`` | ``positional`` | ``sinkhorn`` | ``sinkhorn:IT``
 * rope: ``none`` | ``BASE`` | ``BASE:PAIRING`` | ``BASE:PAIRING:OFFSET`` (pairing ``halves`` or
   ``adjacent``), e.g. ``10000:adjacent``
 * alibi: ``none`` | ``default`` (slopes 2^(-8h/H)) | ``S`` (one slope) | ``S1,S2,...`` (per head)
@@ -69,7 +69,7 @@ def parse_alibi(text: str | None, name: str = "alibi") -> ALiBi | None:
 
 
 def parse_attention(text: str, name: str = "attention") -> str | tuple[str, int]:
-    """"softmax", "unnormalised" or ("sinkhorn", IT) from ``sinkhorn[:IT]``."""
+    """"softmax", "unnormalised", "positional" or ("sinkhorn", IT) from ``sinkhorn[:IT]``."""
     w = Weighting.parse(text, name)
     return "sinkhorn" if text == "sinkhorn" else w.kernel_arg
 

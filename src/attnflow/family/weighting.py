@@ -4,6 +4,9 @@
 * ``softmax``: each row divided by its sum (the paper's);
 * ``unnormalised``: exp(score) / N, N = n plus the memory multiplicities (the gradient flow of
   the interaction energy);
+* ``positional``: exp(score) / P_i, P_i row i's sum of exp(bias) over the keys it sees (plus
+  the memory multiplicities): the position factor (mask, ALiBi) sums to 1 over the row, the
+  similarity factor stays unnormalised (arXiv 2605.09213's model; docs/science.md §11.1);
 * ``sinkhorn``: `iterations` Sinkhorn iterations, doubly stochastic in the limit (Sinkformers;
   full mask, no memory).
 """
@@ -20,7 +23,7 @@ from attnflow.kernels import options
 __all__ = ["SINKHORN_ITERATIONS", "Weighting", "as_weighting"]
 
 SINKHORN_ITERATIONS = 20  # default number of Sinkhorn iterations
-METHODS = ("softmax", "unnormalised", "sinkhorn")
+METHODS = ("softmax", "unnormalised", "positional", "sinkhorn")
 
 
 @register
@@ -33,7 +36,7 @@ class Weighting(Part):
     name: ClassVar[str] = "attention"
     slot: ClassVar[str] = "weighting"
     help: ClassVar[str] = "Weight normalisation (sinkhorn: full mask, no memory)."
-    text_help: ClassVar[str] = "softmax | unnormalised | sinkhorn[:IT]"
+    text_help: ClassVar[str] = "softmax | unnormalised | positional | sinkhorn[:IT]"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -59,15 +62,15 @@ class Weighting(Part):
         head, _, it = str(text).partition(":")
         if head == "sinkhorn" and it.isdigit() and int(it) >= 1:
             return cls("sinkhorn", int(it))
-        raise fail(name or cls.name, "softmax, unnormalised, sinkhorn or sinkhorn:IT (an "
-                   "integer IT >= 1)", repr(text))
+        raise fail(name or cls.name, "softmax, unnormalised, positional, sinkhorn or "
+                   "sinkhorn:IT (an integer IT >= 1)", repr(text))
 
     def text(self) -> str:
         return f"sinkhorn:{self.iterations}" if self.method == "sinkhorn" else self.method
 
 
 def as_weighting(attention: Any) -> Weighting:
-    """A Weighting from itself, its text form ("softmax", "unnormalised", "sinkhorn",
+    """A Weighting from itself, its text form ("softmax", "unnormalised", "positional", "sinkhorn",
     "sinkhorn:IT", as on the command line) or ("sinkhorn", it)."""
     if isinstance(attention, Weighting):
         return attention
@@ -76,8 +79,8 @@ def as_weighting(attention: Any) -> Weighting:
     try:
         canonical = options.check_normalization(attention)
     except ValueError:
-        raise fail("attention", "'softmax', 'unnormalised', 'sinkhorn' or ('sinkhorn', "
-                   "iterations) with an integer >= 1", repr(attention)) from None
+        raise fail("attention", "'softmax', 'unnormalised', 'positional', 'sinkhorn' or "
+                   "('sinkhorn', iterations) with an integer >= 1", repr(attention)) from None
     if isinstance(canonical, tuple):
         return Weighting("sinkhorn", canonical[1])
     return Weighting(canonical)

@@ -33,7 +33,8 @@ KERNELS: dict[str, Kernel] = {
     "harmonic": harmonic.Harmonic(),
 }
 
-# The options ("bias", "unnormalised", "sinkhorn") each kernel has beside plain softmax.
+# The options ("bias", "unnormalised", "positional", "sinkhorn") each kernel has beside plain
+# softmax.
 SUPPORTS: dict[str, frozenset[str]] = {
     "auto": auto.SUPPORTS,
     "dense": dense.SUPPORTS,

@@ -27,20 +27,24 @@ def attention_weights(
     """Attention weights, (..., n, n + m): row i weighs the keys allowed by the mask, then
     the m memory keys, by their scores s_ij = beta <q_i, k_j> + bias_ij (memory: beta <q_i,
     k_j> + log a_j), normalised by `normalization` (`attnflow.kernels.options`):
-    softmax_j(s_ij) (default), exp(s_ij) / N (unnormalised), or Sinkhorn's doubly stochastic
-    matrix (full mask, no memory).
+    softmax_j(s_ij) (default), exp(s_ij) / N (unnormalised), exp(s_ij) / P_i (positional: P_i
+    the row's sum of exp(bias_ij) over the keys it sees, plus the memory multiplicities), or
+    Sinkhorn's doubly stochastic matrix (full mask, no memory).
 
     The softmax subtracts each row's maximum score (log-sum-exp), so huge beta stays finite;
     unnormalised weights overflow to inf only where exp(s_ij) / N does.
     """
     n = q.shape[-2]
     bias, normalization = check_options("dense", SUPPORTS, n, mask, memory, bias, normalization)
-    return _weights(_scores(q, k, beta, mask, memory, bias), _count(n, memory), normalization)
+    return _weights(_scores(q, k, beta, mask, memory, bias),
+                    _count(n, memory, mask, bias, normalization), normalization)
 
 
-def _weights(scores: np.ndarray, count: float, normalization: Normalization) -> np.ndarray:
-    """The weights of masked scores (..., n, n + m); count: N of the unnormalised weights."""
-    if normalization == "unnormalised":
+def _weights(scores: np.ndarray, count: float | np.ndarray, normalization: Normalization
+             ) -> np.ndarray:
+    """The weights of masked scores (..., n, n + m); count: N of the unnormalised weights, or
+    the positional weights' P_i as (n, 1)."""
+    if normalization in ("unnormalised", "positional"):
         with np.errstate(over="ignore"):  # exp(s) / N beyond the float range: inf
             return np.exp(scores - np.log(count))
     if normalization != "softmax":
@@ -65,9 +69,15 @@ def _scores(q: np.ndarray, k: np.ndarray, beta: float, mask: MaskSpec, memory: M
     return scores
 
 
-def _count(n: int, memory: Memory | None) -> float:
-    """N = n + sum_j a_j: the tokens plus the memory multiplicities."""
-    return n + (0.0 if memory is None else float(np.exp(memory.log_weights).sum()))
+def _count(n: int, memory: Memory | None, mask: MaskSpec, bias: np.ndarray | None,
+           normalization: Normalization) -> float | np.ndarray:
+    """N = n + sum_j a_j (the tokens plus the memory multiplicities), or for positional weights
+    P_i (n, 1): each row's sum of exp(bias_ij) over the keys it sees, plus sum_j a_j."""
+    extra = 0.0 if memory is None else float(np.exp(memory.log_weights).sum())
+    if normalization != "positional":
+        return n + extra
+    position = np.where(mask_matrix(mask, n), 0.0 if bias is None else bias, -np.inf)
+    return np.exp(logsumexp(position, axis=-1, keepdims=True)) + extra
 
 
 def _sinkhorn(scores: np.ndarray, iterations: int) -> np.ndarray:
@@ -80,10 +90,12 @@ def _sinkhorn(scores: np.ndarray, iterations: int) -> np.ndarray:
     return log_w
 
 
-def _unnormalised_output(scores: np.ndarray, values: np.ndarray, count: float) -> np.ndarray:
-    """sum_j exp(s_ij) v_j / N without spurious overflow or NaN: the row maximum M is taken
-    out, (sum_j exp(s_ij - M) v_j) is multiplied by exp((M - log N) / 2) twice, and a zero
-    sum stays 0 (never 0 * inf); a result beyond the float range is +-inf."""
+def _unnormalised_output(scores: np.ndarray, values: np.ndarray, count: float | np.ndarray
+                         ) -> np.ndarray:
+    """sum_j exp(s_ij) v_j / N (N a number, or (n, 1) per row) without spurious overflow or
+    NaN: the row maximum M is taken out, (sum_j exp(s_ij - M) v_j) is multiplied by
+    exp((M - log N) / 2) twice, and a zero sum stays 0 (never 0 * inf); a result beyond the
+    float range is +-inf."""
     top = np.max(scores, axis=-1, keepdims=True)
     top = np.where(np.isfinite(top), top, 0.0)  # a row without keys: every weight 0
     inner = np.exp(scores - top) @ values
@@ -114,7 +126,7 @@ def attend(
     mask : canonical mask spec (see `attnflow.kernels.masks`) over the n tokens.
     memory : optional fixed keys/values every token also attends to, with log multiplicities.
     bias : optional (n, n) score bias (finite or -inf), on the token block only.
-    normalization : "softmax", "unnormalised" or ("sinkhorn", iterations)
+    normalization : "softmax", "unnormalised", "positional" or ("sinkhorn", iterations)
         (`attnflow.kernels.options`).
 
     Returns (..., n, f): for each query, the attention-weighted sum of the values.
@@ -126,6 +138,7 @@ def attend(
             [v, np.broadcast_to(memory.v, (*v.shape[:-2], *memory.v.shape))], axis=-2
         )
     scores = _scores(q, k, beta, mask, memory, bias)
-    if normalization == "unnormalised":
-        return _unnormalised_output(scores, v, _count(n, memory))
-    return _weights(scores, _count(n, memory), normalization) @ v
+    count = _count(n, memory, mask, bias, normalization)
+    if normalization in ("unnormalised", "positional"):
+        return _unnormalised_output(scores, v, count)
+    return _weights(scores, count, normalization) @ v

@@ -22,7 +22,8 @@ weight sum times max_j |v_j| (unnormalised). Round-off: moments are Kahan-compen
 (`attnflow.kernels._harmonic`), whose error does not grow with the number of keys; windows
 rebuild their sums every w rows; a decay's error is bounded by 1 / slope steps.
 
-Applies to masks "full", "causal" and ("window", w), softmax and unnormalised weights, any
+Applies to masks "full", "causal" and ("window", w), softmax, unnormalised and positional
+weights (each row's exp(score) over its decayed number of keys plus the memory), any
 values v, beta of either sign or zero, memory tokens (summed directly), a `LinearBias`;
 float32 inputs are computed in float64 and returned in float32. Anything else is refused
 with the reason (`check`).
@@ -48,7 +49,7 @@ from attnflow.parallel import parallel_ranges
 __all__ = ["DEFAULT_TOL", "ETA", "MIN_TOL", "SUPPORTS", "Harmonic", "attend", "check",
            "coefficients", "features", "log_energy", "order", "sums", "tail"]
 
-SUPPORTS = frozenset({"bias", "unnormalised"})  # bias: a LinearBias only (`check`)
+SUPPORTS = frozenset({"bias", "unnormalised", "positional"})  # bias: a LinearBias only
 DEFAULT_TOL = 1e-12
 # Below this the round-off of the sums (a few eps of float64 per term, times the order)
 # dominates the truncation: no K can promise it.
@@ -146,7 +147,8 @@ def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any
                    "over prefixes; a boolean array has no such structure)", describe(mask))
     normalization = check_normalization(normalization)
     if isinstance(normalization, tuple):
-        raise fail("normalization", "'softmax' or 'unnormalised' for the harmonic kernel",
+        raise fail("normalization", "'softmax', 'unnormalised' or 'positional' for the "
+                   "harmonic kernel",
                    repr(normalization))
     if bias is not None and not isinstance(bias, LinearBias):
         raise fail("bias", "None or a LinearBias (-slope |i - j|, ALiBi's) for the harmonic "
@@ -210,9 +212,11 @@ def attend(
     if normalization == "softmax":
         out = N / Z[..., None]
     else:
-        count = q.shape[-2] + (0.0 if memory is None else float(np.exp(memory.log_weights).sum()))
+        count = (0.0 if memory is None else float(np.exp(memory.log_weights).sum())) + (
+            _counts(n, mask, 1.0 if bias is None else math.exp(-bias.slope))
+            if normalization == "positional" else n)
         with np.errstate(over="ignore"):
-            scale = np.exp(shift - math.log(count))[..., None]
+            scale = np.exp(shift - np.log(count))[..., None]
         out = np.where(N == 0, 0.0, N * scale)  # (never 0 * inf)
     return out.astype(dtype, copy=False)
 

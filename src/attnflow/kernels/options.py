@@ -10,6 +10,10 @@
   - "softmax" (default): each row divided by its sum;
   - "unnormalised": w_ij = exp(score_ij) / N, N = n + sum_j a_j (the tokens plus the memory
     multiplicities), rows not normalised (docs/science.md §6);
+  - "positional": w_ij = exp(score_ij) / P_i, P_i = sum_{j in M(i)} exp(bias_ij) + sum_j a_j:
+    the position factor exp(bias_ij) / P_i of the keys row i sees sums to 1, the factor
+    exp(beta <q_i, k_j>) stays unnormalised (without a bias: exp(beta <q_i, k_j>) over the
+    number of keys the row sees; docs/science.md §11.1);
   - ("sinkhorn", iterations): `iterations` >= 1 times (normalise columns, then rows), in log
     space, on the full n x n block: rows sum to 1 exactly, columns to 1 in the limit (doubly
     stochastic, Sinkformers); only with the "full" mask and no memory.
@@ -33,13 +37,15 @@ from attnflow.kernels.types import Normalization
 __all__ = ["ALL", "LinearBias", "Normalization", "check_bias", "check_normalization",
            "check_options", "needed"]
 
-ALL = frozenset({"bias", "unnormalised", "sinkhorn"})  # every option beside plain softmax
-_EXPECTED = "'softmax', 'unnormalised' or ('sinkhorn', iterations) with an integer iterations >= 1"
+ALL = frozenset({"bias", "unnormalised", "positional", "sinkhorn"})  # beside plain softmax
+UNNORMALISED = ("unnormalised", "positional")  # rows not normalised by their scores' sum
+_EXPECTED = ("'softmax', 'unnormalised', 'positional' or ('sinkhorn', iterations) with an "
+             "integer iterations >= 1")
 
 
 def check_normalization(normalization: Any) -> Normalization:
     """The canonical form of a normalization spec (see the module docstring)."""
-    if isinstance(normalization, str) and normalization in ("softmax", "unnormalised"):
+    if isinstance(normalization, str) and normalization in ("softmax", *UNNORMALISED):
         return normalization
     if (isinstance(normalization, (tuple, list)) and len(normalization) == 2
             and isinstance(normalization[0], str) and normalization[0] == "sinkhorn"):

@@ -21,7 +21,8 @@ class Memory(NamedTuple):
     log_weights: np.ndarray
 
 
-# "softmax" | "unnormalised" | ("sinkhorn", iterations): see `attnflow.kernels.options`
+# "softmax" | "unnormalised" | "positional" | ("sinkhorn", iterations): see
+# `attnflow.kernels.options`
 Normalization = Union[str, tuple]
 
 

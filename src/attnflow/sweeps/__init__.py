@@ -25,7 +25,7 @@ The spec (a TOML file, or the same nested mapping in Python)::
     backend = "auto"            # attention kernel (attnflow.kernels; default: Attention's)
     norm = ["post", "pre"]      # the model family (attnflow.family.text): post | pre | peri | ngpt
     alpha = 0.2                 #   nGPT's step
-    attention = "softmax"       #   softmax | unnormalised | sinkhorn[:IT]
+    attention = "softmax"       #   softmax | unnormalised | positional | sinkhorn[:IT]
     rope = "none"               #   none | BASE[:halves|adjacent[:OFFSET]]
     alibi = "none"              #   none | default | S | S1,S2,...
     noise = 0.1                 #   sigma: Euler-Maruyama (method euler or geodesic)
