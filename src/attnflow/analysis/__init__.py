@@ -15,6 +15,9 @@
   exact equiangular starts, the noisy Kuramoto order parameter, the long-context self-weight
   and output correlation, the mean-field cluster number k*.
 
+* tricritical: noisy unnormalised attention on S^{d-1} (docs/science.md §11.2): the uniform
+  state's instability strength K_#, the tricritical beta_*, the Landau coefficient, the
+  stationary branch and the first-order strengths (spinodal, critical).
 * kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients.
@@ -94,6 +97,18 @@ from attnflow.analysis.theory import (
     theorem52_max_N,
     theorem52_min_beta,
 )
+from attnflow.analysis.tricritical import (
+    StationaryBranch,
+    TransitionStrengths,
+    funk_hecke,
+    instability_strength,
+    landau_coefficient,
+    mode_growth_rate,
+    stationary_branch,
+    stationary_order,
+    transition_strengths,
+    tricritical_beta,
+)
 
 __all__ = [
     "RENYI_PARKING_CONSTANT",
@@ -157,4 +172,14 @@ __all__ = [
     "growth_rate",
     "hardy_kernel",
     "inverse_cdf",
+    "StationaryBranch",
+    "TransitionStrengths",
+    "funk_hecke",
+    "instability_strength",
+    "landau_coefficient",
+    "mode_growth_rate",
+    "stationary_branch",
+    "stationary_order",
+    "transition_strengths",
+    "tricritical_beta",
 ]
