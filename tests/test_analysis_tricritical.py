@@ -43,9 +43,9 @@ def test_instability_strength_closed_form_and_kuramoto_limit(d):
 def test_funk_hecke_by_quadrature():
     beta = 2.3
     for l in range(5):
-        circle = quad(lambda t: np.exp(beta * np.cos(t)) * np.cos(l * t), 0, 2 * np.pi)[0]
+        circle = quad(lambda t, l=l: np.exp(beta * np.cos(t)) * np.cos(l * t), 0, 2 * np.pi)[0]
         assert funk_hecke(beta, 2, l) == pytest.approx(circle / (2 * np.pi), rel=1e-12)
-        sphere = quad(lambda t: np.exp(beta * t) * eval_legendre(l, t), -1, 1)[0] / 2
+        sphere = quad(lambda t, l=l: np.exp(beta * t) * eval_legendre(l, t), -1, 1)[0] / 2
         assert funk_hecke(beta, 3, l) == pytest.approx(sphere, rel=1e-10)
 
 
