@@ -283,13 +283,13 @@ class TransitionStrengths:
     continuous: bool
 
 
-_R_GRID = np.linspace(0.01, 0.98, 98)  # (r = 0.98: e^{c t} with c about 50 on the circle)
+_R_GRID = np.linspace(0.02, 0.98, 49)  # (r = 0.98: e^{c t} with c about 50 on the circle)
 
 
 @_one_blas_thread
 def transition_strengths(beta: float, d: int, sigma: float = 1.0, degree: int = DEGREE
                          ) -> TransitionStrengths:
-    """K_#, K_sn and K_c (`TransitionStrengths`) from `stationary_branch` on r in [0.01,
+    """K_#, K_sn and K_c (`TransitionStrengths`) from `stationary_branch` on r in [0.02,
     0.98]: K_sn its minimum strength (refined by golden-section search), K_c the free
     energy's zero on the rising part (refined by Brent's method)."""
     K_sharp = instability_strength(beta, d, sigma)
