@@ -5,7 +5,7 @@ fixed-point iteration with direct quadrature of the kernel (docs/science.md §11
 
 import numpy as np
 import pytest
-from scipy.integrate import quad
+from scipy.integrate import quad, solve_ivp
 from scipy.optimize import brentq
 from scipy.special import eval_legendre, gamma, i0, iv
 
@@ -14,6 +14,7 @@ from attnflow.analysis import (
     funk_hecke,
     instability_strength,
     landau_coefficient,
+    linear_fluctuation,
     mode_growth_rate,
     stationary_branch,
     stationary_order,
@@ -161,3 +162,13 @@ def test_errors_name_the_argument():
         stationary_branch(1.0, 2, [0.5, 0.2])
     with pytest.raises(ValueError, match="strength"):
         af.analysis.stationary_order(-1.0, 1.0, 2)
+
+
+def test_linear_fluctuation_solves_its_ode():
+    """dS/dt = -2 a S + (d - 1) sigma^2, S(0) = 1 (solve_ivp), a = (d-1)(sigma^2/2)(1 - ratio)."""
+    for d, sigma, ratio in ((3, 1.0, 0.7), (3, 1.0, 1.3), (2, 0.8, 1.0), (4, 1.2, 0.2)):
+        a, c = (d - 1) * sigma**2 / 2 * (1 - ratio), (d - 1) * sigma**2
+        sol = solve_ivp(lambda t, S, a=a, c=c: -2 * a * S + c, (0, 3), [1.0],
+                        t_eval=[0.5, 3.0], rtol=1e-11, atol=1e-12)
+        np.testing.assert_allclose(linear_fluctuation(ratio, sol.t, d, sigma), sol.y[0],
+                                   rtol=1e-8)

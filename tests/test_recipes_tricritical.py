@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from scipy.special import iv
 
+from attnflow.analysis import linear_fluctuation
 from attnflow.experiments import SUITE_OF
-from attnflow.experiments.tricritical import _first_order_measures, _linear_fluctuation
+from attnflow.experiments.tricritical import _first_order_measures
 from attnflow.reproduce import reproduce
 
 VERDICTS = ("reproduced", "partly", "not reproduced", "not run")
@@ -44,8 +45,8 @@ def test_threshold_claims_and_sweeps_not_run_at_quick(tmp_path):
 
 def test_linear_fluctuation_at_the_threshold_grows_linearly():
     t = np.array([0.0, 1.0, 2.5])
-    np.testing.assert_allclose(_linear_fluctuation(1.0, t, 3), 1 + 2 * t)
-    np.testing.assert_allclose(_linear_fluctuation(1.0 - 1e-7, t, 3), 1 + 2 * t, rtol=1e-6)
+    np.testing.assert_allclose(linear_fluctuation(1.0, t, 3), 1 + 2 * t)
+    np.testing.assert_allclose(linear_fluctuation(1.0 - 1e-7, t, 3), 1 + 2 * t, rtol=1e-6)
 
 
 @pytest.mark.slow

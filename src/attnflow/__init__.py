@@ -34,8 +34,8 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
     "strong_renyi_centers", "tau_beta", "theorem52_conditions", "theorem52_max_N",
     "theorem52_min_beta", "uniform_fluctuation",
     "StationaryBranch", "TransitionStrengths", "funk_hecke", "instability_strength",
-    "landau_coefficient", "mode_growth_rate", "stationary_branch", "stationary_order",
-    "transition_strengths", "tricritical_beta",
+    "landau_coefficient", "linear_fluctuation", "mode_growth_rate", "stationary_branch",
+    "stationary_order", "transition_strengths", "tricritical_beta",
 )
 _EXPORTS: dict[str, str] = {
     **{name: "attnflow.analysis" for name in _ANALYSIS},

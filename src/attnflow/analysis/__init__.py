@@ -17,7 +17,8 @@
 
 * tricritical: noisy unnormalised attention on S^{d-1} (docs/science.md §11.2): the uniform
   state's instability strength K_#, the tricritical beta_*, the Landau coefficient, the
-  stationary branch and the first-order strengths (spinodal, critical).
+  stationary branch, the first-order strengths (spinodal, critical), the particles' linear
+  fluctuations.
 * kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients.
@@ -103,6 +104,7 @@ from attnflow.analysis.tricritical import (
     funk_hecke,
     instability_strength,
     landau_coefficient,
+    linear_fluctuation,
     mode_growth_rate,
     stationary_branch,
     stationary_order,
@@ -177,6 +179,7 @@ __all__ = [
     "funk_hecke",
     "instability_strength",
     "landau_coefficient",
+    "linear_fluctuation",
     "mode_growth_rate",
     "stationary_branch",
     "stationary_order",

@@ -31,6 +31,8 @@ papers' coupling K (their noise is attnflow's sigma = 1).
   K_sn, where a state swept down from the clustered branch falls back to uniform, and the
   free energies cross at the first-order strength K_c, K_sn < K_c < K_# (`transition_strengths`).
   `stationary_order` is r of the clustered branch at a strength.
+* n particles from iid uniform tokens: n E[R^2](t) = S + (1 - S) e^{-2 a t} to linear order,
+  a = (d - 1)(sigma^2 / 2)(1 - K / K_#), S = 1 / (1 - K / K_#) (`linear_fluctuation`).
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ from threadpoolctl import threadpool_limits
 from attnflow._checks import fail, number
 
 __all__ = ["StationaryBranch", "TransitionStrengths", "funk_hecke", "instability_strength",
-           "landau_coefficient", "mode_growth_rate", "stationary_branch", "stationary_order",
-           "transition_strengths", "tricritical_beta"]
+           "landau_coefficient", "linear_fluctuation", "mode_growth_rate", "stationary_branch",
+           "stationary_order", "transition_strengths", "tricritical_beta"]
 
 DEGREE = 64  # Gegenbauer degrees of the stationary densities: e^{c t} to 1e-15 for c <~ 60,
 # beyond the concentrations of r <= 0.98 (about 1 / (2 (1 - r)) on the circle, 1 / (1 - r) on S^2)
@@ -110,6 +112,24 @@ def mode_growth_rate(strength: float, beta: float, d: int, l: Any, sigma: float 
         raise fail("l", "degrees l >= 1", repr(l))
     d = _dimension(d)
     return l * (l + d - 2) * (K * funk_hecke(beta, d, l) / beta - sigma**2 / 2)
+
+
+def linear_fluctuation(ratio: Any, t: Any, d: int, sigma: float = 1.0) -> np.ndarray:
+    """n E[R^2](t), R = |mean of the tokens|, of n particles started iid uniform, to linear
+    order about the uniform state at K / K_# = ratio (use K (1 - 1/n): a token's own term has
+    no tangential part): the first moment decays at a = (d - 1)(sigma^2 / 2)(1 - ratio) (grows
+    for ratio > 1) and the noise feeds n E[R^2] at (d - 1) sigma^2, so n E[R^2] = 1 +
+    (d - 1) sigma^2 t phi(2 a t) - (1 - e^{-2 a t}), phi(x) = (1 - e^{-x}) / x: S + (1 - S)
+    e^{-2 a t} with S = 1 / (1 - ratio), and 1 + (d - 1) sigma^2 t at the threshold.
+    Vectorised (broadcast) over ratio and t >= 0."""
+    d = _dimension(d)
+    sigma = number("sigma", sigma, 0.0, expected="a noise sigma >= 0")
+    ratio, t = np.broadcast_arrays(np.asarray(ratio, dtype=float), np.asarray(t, dtype=float))
+    x = (d - 1) * sigma**2 * (1 - ratio) * t  # 2 a t
+    small = np.abs(x) < 1e-8
+    safe = np.where(small, 1.0, x)
+    phi = np.where(small, 1 - x / 2, -np.expm1(-safe) / safe)
+    return 1 + (d - 1) * sigma**2 * t * phi + np.expm1(-x)
 
 
 def landau_coefficient(beta: float, d: int) -> float:

@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 
 from attnflow.analysis import (
     instability_strength,
+    linear_fluctuation,
     mode_growth_rate,
     stationary_branch,
     stationary_order,
@@ -153,18 +154,8 @@ def _fluctuations(params, seed: int, key: int) -> list[dict[str, Any]]:
             mean, se = mean_se(2 * v[1] - v[0])
             rows.append({"beta": beta, "ratio": ratio, "K_sharp": K_sharp, "mean": mean,
                          "se": se, "coarse": float(v[0].mean()), "fine": float(v[1].mean()),
-                         "theory": float(_linear_fluctuation(ratio * (1 - 1 / n), T, 3))})
+                         "theory": float(linear_fluctuation(ratio * (1 - 1 / n), T, 3, SIGMA))})
     return rows
-
-
-def _linear_fluctuation(ratio: float, t: Any, d: int) -> Any:
-    """n E[R^2](t) of the linear theory from n E[R^2](0) = 1 at K / K_# = ratio."""
-    a = (SIGMA**2 / 2) * (d - 1) * (1 - ratio)
-    t = np.asarray(t, dtype=float)
-    if abs(a) < 1e-12:
-        return 1 + (d - 1) * SIGMA**2 * t
-    S = (d - 1) * SIGMA**2 / (2 * a)
-    return S + (1 - S) * np.exp(-2 * a * t)
 
 
 # ---------------------------------------------------------------------------- sweeps
@@ -409,53 +400,64 @@ def _sweep_figure(sweeps, d: int) -> Figure:
 def _threshold_figure(rates, fluct, params) -> Figure:
     fig = Figure(figsize=(10.0, 4.2))
     a, b = fig.subplots(1, 2)
-    for r in rates:
-        Ks = np.asarray(r["strengths"]) / r["K_sharp"]
-        line = np.linspace(0.85, 1.15, 10)
-        a.plot(line, [mode_growth_rate(x * r["K_sharp"], r["beta"], 2, 1, SIGMA)
-                      for x in line], "-", lw=1, label=f"K I_1/beta - 1/2, beta = {r['beta']:g}")
-        a.plot(Ks, r["rates"], "o", mfc="none", color=a.lines[-1].get_color())
-    a.axhline(0, color="0.5", lw=1)
-    a.axvline(1, color="0.5", ls="--", lw=1)
-    a.set(xlabel="strength K / K_#", ylabel="growth rate of mode 1",
-          title="circle: the solver's rate (o) and the formula")
-    a.legend(fontsize=7)
-    a.grid(alpha=0.3)
-    t = np.linspace(0, params["fluct_t"], 50)
-    for i, r in enumerate(fluct):
+    for i, r in enumerate(rates):
         color = f"C{i}"
-        b.plot(t, _linear_fluctuation(r["ratio"], t, 3), "-", lw=1, color=color,
-               label=f"beta = {r['beta']:g}, K/K_# = {r['ratio']:g}")
-        b.errorbar([params["fluct_t"] * (1 + 0.01 * i)], [r["mean"]], yerr=[3 * r["se"]],
-                   fmt="o", mfc="none", color=color)
-    b.set(xlabel="time t", ylabel="n E[R^2]", yscale="log",
-          title=f"S^2: particles (n = {params['fluct_n']}, {params['fluct_runs']} runs, 3 se) "
-                "and the linear theory")
-    b.legend(fontsize=7)
+        line = np.linspace(0.8, 1.2, 10) * r["K_sharp"]
+        a.plot(line, [mode_growth_rate(K, r["beta"], 2, 1, SIGMA) for K in line], "-", lw=1,
+               color=color, label=f"beta = {r['beta']:g}: K I_1(beta)/beta - 1/2")
+        a.plot(r["strengths"], r["rates"], "o", mfc="none", color=color)
+        a.axvline(r["K_sharp"], color=color, ls="--", lw=0.8)
+    a.axhline(0, color="0.5", lw=1)
+    a.set(xscale="log", xlabel="strength K (dashed: K_# of each beta)",
+          ylabel="growth rate of mode 1", title="circle: the solver's rate (o) and the formula")
+    a.legend(fontsize=7)
+    a.grid(alpha=0.3, which="both")
+    t = np.linspace(0, params["fluct_t"], 50)
+    for ratio in sorted({r["ratio"] for r in fluct}):
+        b.plot(t, linear_fluctuation(ratio, t, 3, SIGMA), "k-", lw=1)
+        b.text(t[-1] * 1.02, float(linear_fluctuation(ratio, t[-1], 3, SIGMA)),
+               f"K/K_# = {ratio:g}", fontsize=7, va="center")
+    for i, beta in enumerate(sorted({r["beta"] for r in fluct})):
+        rows = [r for r in fluct if r["beta"] == beta]
+        b.errorbar([params["fluct_t"] * (1 - 0.02 * (i + 1))] * len(rows),
+                   [r["mean"] for r in rows], yerr=[3 * r["se"] for r in rows], fmt="o",
+                   mfc="none", color=f"C{i}", label=f"particles, beta = {beta:g}")
+    b.plot([], [], "k-", lw=1, label="linear theory")
+    b.set(xlabel="time t", ylabel="n E[R^2]", yscale="log", xlim=(0, params["fluct_t"] * 1.3),
+          title=f"S^2: n = {params['fluct_n']}, {params['fluct_runs']} runs (3 se), from uniform")
+    b.legend(fontsize=7, loc="upper left")
     b.grid(alpha=0.3)
     fig.tight_layout()
     return fig
 
 
 def _phase_figure(phase, sweeps) -> Figure:
+    """K_sn and K_c relative to K_#(beta) (1: the uniform state's instability) against beta
+    (on an absolute scale the three fall together, like beta^{(d+1)/2} e^{-beta})."""
     fig = Figure(figsize=(10.0, 4.2))
     for ax, d in zip(fig.subplots(1, 2), (2, 3)):
         p = phase[d]
-        ax.plot(p["beta"], p["K_sharp"], "k-", lw=1.2, label="K_#: uniform state unstable")
-        ax.plot(p["beta_first_order"], p["K_c"], "-", color="C3", lw=1.2,
-                label="K_c: equal free energies")
-        ax.plot(p["beta_first_order"], p["K_sn"], "--", color="C0", lw=1.2,
-                label="K_sn: clustered branch ends")
-        ax.axvline(p["beta_star"], color="0.5", ls=":", lw=1)
-        ax.text(p["beta_star"], 0.05, f" beta_* = {p['beta_star']:.3f}", fontsize=8)
+        bs = p["beta_star"]
+        ks = instability_strength(bs, d, SIGMA)
+        ax.plot(p["beta"], np.ones(len(p["beta"])), "k-", lw=1.2,
+                label="K_#: the uniform state unstable above")
+        beta_fo = np.concatenate([[bs], p["beta_first_order"]])
+        ratio = [instability_strength(b, d, SIGMA) for b in beta_fo]
+        ax.plot(beta_fo, np.concatenate([[ks], p["K_c"]]) / ratio, "-", color="C3", lw=1.2,
+                marker=".", label="K_c: equal free energies")
+        ax.plot(beta_fo, np.concatenate([[ks], p["K_sn"]]) / ratio, "--", color="C0", lw=1.2,
+                marker=".", label="K_sn: the clustered branch ends")
+        ax.axvline(bs, color="0.5", ls=":", lw=1)
+        ax.text(bs, 1.01, f" beta_* = {bs:.3f}", fontsize=8, va="bottom")
         for kind in ("low", "high") if sweeps else ():
             s = sweeps[(d, kind)]
-            ax.plot([s["beta"]] * 2, [min(s["up"]), max(s["up"])], "-", color="0.6", lw=4,
-                    alpha=0.5)
-        ax.set(xlabel="beta", ylabel="strength K (sigma = 1)", yscale="log",
-               title=f"d = {d}: phase diagram" + (" (grey: the swept strengths)" if sweeps
-                                                  else ""))
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3, which="both")
+            K_sharp = instability_strength(s["beta"], d, SIGMA)
+            ax.plot([s["beta"]] * 2, [min(s["up"]) / K_sharp, max(s["up"]) / K_sharp], "-",
+                    color="0.6", lw=4, alpha=0.5)
+        ax.set(xlabel="beta", ylabel="strength K / K_#(beta)  (sigma = 1)",
+               title=f"d = {d}: continuous below beta_*, first order above" + (
+                   " (grey: swept)" if sweeps else ""), ylim=(0.6, 1.1))
+        ax.legend(fontsize=7, loc="lower left")
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
