@@ -50,6 +50,10 @@ def test_registered_part_text_and_errors():
     assert PARTS["strength"] is Strength
     assert "| `strength` | strength |" in parts_table()
     assert family_options(strength="2.5")["strength"] == Strength(2.5)
+    from attnflow.sweeps.axes import family_axes
+
+    check, default = family_axes()["strength"]  # a sweep axis, default 1
+    assert default == "1" and check("strength", "2.5") == "2.5"
     assert af.Attention(parts=[Strength(3.0)]).strength == 3.0
     assert af.Attention(strength="0.5").strength == 0.5
     for bad in ("0", "-1", "abc", "inf", "nan"):
