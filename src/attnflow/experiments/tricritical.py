@@ -379,12 +379,11 @@ def _sweep_figure(sweeps, d: int) -> Figure:
         ax.plot(np.asarray(s["down"]) / Ks, s["r_down"], "v-", color="C3", ms=7, mfc="none",
                 label="swept down")
         ax.axvline(1.0, color="0.5", ls="--", lw=1)
-        ax.text(1.0, 1.02, " K_#", color="0.3", fontsize=8, va="bottom")
+        ax.text(1.0, 0.3, "K_# ", color="0.3", fontsize=8, rotation=90, ha="right")
         if kind == "high":
-            for K, name in ((s["K_sn"], "K_sn"), (s["K_c"], "K_c")):
+            for K, name, side in ((s["K_sn"], "K_sn ", "right"), (s["K_c"], " K_c", "left")):
                 ax.axvline(K / Ks, color="0.7", ls=":", lw=1)
-                ax.text(K / Ks, 0.93 if name == "K_sn" else 0.86, name + " ", color="0.3",
-                        fontsize=8, ha="right")
+                ax.text(K / Ks, 0.3, name, color="0.3", fontsize=8, rotation=90, ha=side)
         ax.set(xlim=(lo - 0.03, hi + 0.03), ylim=(-0.03, 1.05), xlabel="strength K / K_#",
                ylabel="order parameter r = |mean x|",
                title=f"beta = {s['beta']:g} {'<' if kind == 'low' else '>'} beta_* = "
@@ -404,13 +403,14 @@ def _threshold_figure(rates, fluct, params) -> Figure:
         color = f"C{i}"
         line = np.linspace(0.8, 1.2, 10) * r["K_sharp"]
         a.plot(line, [mode_growth_rate(K, r["beta"], 2, 1, SIGMA) for K in line], "-", lw=1,
-               color=color, label=f"beta = {r['beta']:g}: K I_1(beta)/beta - 1/2")
+               color=color, label=f"beta = {r['beta']:g}")
         a.plot(r["strengths"], r["rates"], "o", mfc="none", color=color)
         a.axvline(r["K_sharp"], color=color, ls="--", lw=0.8)
     a.axhline(0, color="0.5", lw=1)
     a.set(xscale="log", xlabel="strength K (dashed: K_# of each beta)",
           ylabel="growth rate of mode 1", title="circle: the solver's rate (o) and the formula")
-    a.legend(fontsize=7)
+    a.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.14, 1.0),
+             title="K I_1(beta)/beta - 1/2", title_fontsize=7)
     a.grid(alpha=0.3, which="both")
     t = np.linspace(0, params["fluct_t"], 50)
     for ratio in sorted({r["ratio"] for r in fluct}):
@@ -455,8 +455,8 @@ def _phase_figure(phase, sweeps) -> Figure:
             ax.plot([s["beta"]] * 2, [min(s["up"]) / K_sharp, max(s["up"]) / K_sharp], "-",
                     color="0.6", lw=4, alpha=0.5)
         ax.set(xlabel="beta", ylabel="strength K / K_#(beta)  (sigma = 1)",
-               title=f"d = {d}: continuous below beta_*, first order above" + (
-                   " (grey: swept)" if sweeps else ""), ylim=(0.6, 1.1))
+               title=f"d = {d}: first order above beta_*" + (" (grey: swept)" if sweeps
+                                                             else ""), ylim=(0.6, 1.1))
         ax.legend(fontsize=7, loc="lower left")
         ax.grid(alpha=0.3)
     fig.tight_layout()
