@@ -70,4 +70,11 @@ REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
     # transformers"
     Reference("2412.02682", "The Asymptotic Behavior of Attention in Transformers",
               ("Á. Rodríguez Abella", "J. P. Silvestre", "P. Tabuada"), "ICML 2025"),
+    Reference("2606.05140", "Phase transitions for the noisy transformer model in arbitrary "
+              "dimension", ("K. Mun", "M. Rosenzweig")),
+    Reference("2604.16288", "Phase transitions in Doi-Onsager, Noisy Transformer, and other "
+              "multimodal models", ("K. Mun", "M. Rosenzweig")),
+    Reference("2510.20094", "On the Structure of Stationary Solutions to McKean-Vlasov "
+              "Equations with Applications to Noisy Transformers",
+              ("K. Balasubramanian", "S. Banerjee", "P. Rigollet")),
 )}

@@ -14,14 +14,16 @@
 * family: closed forms of the model family (docs/science.md §6): the equiangular ODEs and
   exact equiangular starts, the noisy Kuramoto order parameter, the long-context self-weight
   and output correlation, the mean-field cluster number k*.
-
 * threebody: three tokens on the circle (docs/science.md §11.3): the linear rate of the
   equilateral triangle for beta of either sign, its sign change at -2/3, and the
   classification of a final configuration (synchronised, triangle, other).
 * gaussian: the Gaussian closure of unnormalised attention in R^d (docs/science.md §11.5):
   the moment ODE of the mean and covariance, its closed form and blow-up time for V = I,
   Q = K = I.
-
+* tricritical: noisy unnormalised attention on S^{d-1} (docs/science.md §11.2): the uniform
+  state's instability strength K_#, the tricritical beta_*, the Landau coefficient, the
+  stationary branch, the first-order strengths (spinodal, critical), the particles' linear
+  fluctuations.
 * kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients; with ALiBi (§11.1): the Hardy label, the
@@ -131,6 +133,19 @@ from attnflow.analysis.theory import (
     theorem52_min_beta,
 )
 from attnflow.analysis.threebody import three_token_state, triangle_rates, triangle_threshold
+from attnflow.analysis.tricritical import (
+    StationaryBranch,
+    TransitionStrengths,
+    funk_hecke,
+    instability_strength,
+    landau_coefficient,
+    linear_fluctuation,
+    mode_growth_rate,
+    stationary_branch,
+    stationary_order,
+    transition_strengths,
+    tricritical_beta,
+)
 
 __all__ = [
     "RENYI_PARKING_CONSTANT",
@@ -217,4 +232,15 @@ __all__ = [
     "recency_time",
     "soft_accuracy",
     "soft_weights",
+    "StationaryBranch",
+    "TransitionStrengths",
+    "funk_hecke",
+    "instability_strength",
+    "landau_coefficient",
+    "linear_fluctuation",
+    "mode_growth_rate",
+    "stationary_branch",
+    "stationary_order",
+    "transition_strengths",
+    "tricritical_beta",
 ]

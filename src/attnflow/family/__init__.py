@@ -3,7 +3,8 @@
 * parts (`parts`): schemes (`schemes`, with the norms of `norms`), weightings (`weighting`),
   positional encodings (`positional`), heads, QK-norm and projection biases
   (`heads`), the feed-forward term
-  (`feedforward`); each registered in `PARTS` with its name, text form and record;
+  (`feedforward`), the interaction strength (`strength`); each registered in `PARTS` with
+  its name, text form and record;
 * the attention sublayer (`attention.SelfAttention`) and its exact Jacobian (`jacobian`);
 * blocks (`block.Block`, and `block.Attention`, one block from flat keyword arguments) and
   stacks of blocks (`stack.Stack`), the two kinds of `Model`;
@@ -19,11 +20,12 @@ from attnflow.family.parts import KINDS, PARTS, Part, part_from_record, parts_ta
 from attnflow.family.positional import ALiBi, Encoding, RoPE, ScoreBias
 from attnflow.family.schemes import NGPT, SCHEMES, Flat, Peri, Post, Pre, Scheme, make_scheme
 from attnflow.family.stack import Model, Stack, model_from_record, segments
+from attnflow.family.strength import Strength
 from attnflow.family.weighting import Weighting
 
 __all__ = ["ACTIVATIONS", "FORMS", "KINDS", "MLP", "NGPT", "PARTS", "SCHEMES", "ALiBi",
            "Attention", "Block", "Direction", "Encoding", "Flat", "LayerNorm", "Model", "Part",
            "Peri", "Post", "Pre", "ProjectionBias", "QKNorm", "RMSNorm", "RoPE", "Scheme",
            "ScoreBias",
-           "SelfAttention", "Stack", "Weighting", "make_scheme", "model_from_record",
+           "SelfAttention", "Stack", "Strength", "Weighting", "make_scheme", "model_from_record",
            "part_from_record", "parts_table", "register", "segments"]

@@ -34,11 +34,13 @@ from attnflow.family.heads import (
     common_dimension,
 )
 from attnflow.family.jacobian import head_jacobian
+from attnflow.family.parts import part_from_record
 from attnflow.family.positional import (
     Encoding,
     ScoreBias,
     encoding_from_record,
 )
+from attnflow.family.strength import Strength, as_strength
 from attnflow.family.weighting import Weighting, as_weighting
 from attnflow.kernels import SUPPORTS, Kernel, Memory, auto, get_kernel, options, supports
 from attnflow.kernels.dense import attention_weights
@@ -78,6 +80,8 @@ class SelfAttention:
     qk_norm : a `QKNorm` or None.
     biases : a `ProjectionBias` (the biases of q, k, v per head and of the output) or None.
     single : the one head was given as Q, K, V (errors name "Q", not "heads[0].Q").
+    strength : the interaction strength K > 0 (a number or a `Strength`): the output is K
+        times the sum (or mean) above; 1 (default) leaves it as it is.
     """
 
     def __init__(
@@ -93,8 +97,10 @@ class SelfAttention:
         qk_norm: QKNorm | None = None,
         biases: ProjectionBias | None = None,
         single: bool = False,
+        strength: Strength | float = 1.0,
     ) -> None:
         self.beta = inverse_temperature("beta", beta)
+        self.strength = as_strength(strength)
         self.mask = check_mask(mask)
         if combine not in ("sum", "mean"):
             raise fail("combine", "'sum' or 'mean'", repr(combine))
@@ -223,6 +229,7 @@ class SelfAttention:
         extra = "".join(f", {e.kind}" for e in self.encodings)
         extra += ", qk_norm" if self.qk_norm is not None else ""
         extra += ", biases" if self.biases is not None else ""
+        extra += f", strength={self.strength!r}" if self.strength != 1.0 else ""
         return (f"d={self.d}, beta={self.beta}, mask={mask!r}, heads={len(self.heads)}, "
                 f"combine={self.combine!r}, memory={mem}, attention={self.normalization!r}"
                 f"{extra}, backend={self.backend!r}")
@@ -301,7 +308,8 @@ class SelfAttention:
         out = self._stacked.combine(ys)
         if self.combine == "mean" and len(self.heads) > 1:
             out = out / len(self.heads)
-        return out if b is None else b.add("o", out)
+        out = out if b is None else b.add("o", out)
+        return out if self.strength == 1.0 else self.strength * out
 
     def _query_key(self, x: np.ndarray, positions: np.ndarray, which: str, head: int
                    ) -> np.ndarray:
@@ -345,6 +353,8 @@ class SelfAttention:
             a, Da = (a_h, Da_h) if a is None else (a + a_h, Da + Da_h)
         if self.combine == "mean" and len(self.heads) > 1:
             a, Da = a / len(self.heads), Da / len(self.heads)
+        if self.strength != 1.0:  # the strength scales the output and its derivative
+            a, Da = self.strength * a, self.strength * Da
         return a, Da
 
     def weights(self, u: np.ndarray, head: int = 0) -> np.ndarray:
@@ -399,6 +409,8 @@ class SelfAttention:
         if self.biases is not None:
             meta["biases"], bias_arrays = self.biases.to_record("bias_")
             arrays.update(bias_arrays)
+        if self.strength != 1.0:  # (absent at K = 1: records of earlier versions read as 1)
+            meta["strength"] = Strength(self.strength).to_record()[0]
         return meta, arrays
 
     @classmethod
@@ -423,7 +435,9 @@ class SelfAttention:
                               for rec in meta.get("encodings", [])],
                    qk_norm=None if qk is None else QKNorm.from_record(qk, arrays),
                    biases=None if biases is None else ProjectionBias.from_record(biases, arrays),
-                   single=meta["n_heads"] == 1)
+                   single=meta["n_heads"] == 1,
+                   strength=(part_from_record(meta["strength"], arrays) if "strength" in meta
+                             else 1.0))
 
 
 def _mask_name(mask: MaskSpec) -> str:

@@ -31,6 +31,7 @@ from attnflow.family.heads import ProjectionBias, QKNorm, common_dimension
 from attnflow.family.parts import Part
 from attnflow.family.positional import ALiBi, Encoding, RoPE, ScoreBias, as_alibi, as_rope
 from attnflow.family.schemes import Scheme, make_scheme
+from attnflow.family.strength import Strength
 from attnflow.family.weighting import Weighting
 from attnflow.kernels import Kernel, get_kernel
 from attnflow.kernels.masks import MaskSpec
@@ -45,7 +46,7 @@ Field = Callable[[np.ndarray], np.ndarray]
 # What a block answers for its attention sublayer (read-only views).
 _ATTENTION_VIEWS = ("heads", "beta", "mask", "memory", "combine", "backend", "encodings",
                     "normalization", "weighting", "qk_norm", "biases", "options", "fixed_n",
-                    "head_size", "score_bias")
+                    "head_size", "score_bias", "strength")
 
 
 class Block:
@@ -336,6 +337,10 @@ class Attention(Block):
         None (attention only, the paper's).
     mlp_norm : the MLP's scheme (default: `norm`'s kind, with directions).
     form : "continuous" (default) or "sequential" (module docstring).
+    strength : the interaction strength K > 0 (a number, its text form or an
+        `attnflow.family.Strength`): the attention sublayer's output times K, so that with
+        noise sigma the SDE is dX = K F dt + sigma P_X dW (`attnflow.family.strength`: the
+        equivalent time rescaling). Default 1.
     parts : further registered parts (`attnflow.family.PARTS`), e.g. an `Encoding` of a new
         kind; each kind at most once.
     """
@@ -363,6 +368,7 @@ class Attention(Block):
         mlp_norm: str | Scheme | None = None,
         form: str = "continuous",
         parts: Sequence[Part] = (),
+        strength: Strength | float | str = 1.0,
     ) -> None:
         if heads is not None:
             if any(m is not None for m in (Q, K, V)):
@@ -390,6 +396,8 @@ class Attention(Block):
                 biases = _once("biases", biases, None, p)
             elif p.slot == "feedforward":
                 mlp = _once("mlp", mlp, None, p)
+            elif p.slot == "strength":
+                strength = _once("strength", strength, 1.0, p)
         if isinstance(qk_norm, str):
             qk_norm = QKNorm.parse(qk_norm, "qk_norm")
         if isinstance(mlp, str):
@@ -397,7 +405,8 @@ class Attention(Block):
         scheme = make_scheme(norm, alpha) if isinstance(norm, str) else make_scheme(norm)
         sub = SelfAttention(raw, beta=beta, mask=mask, memory=memory, combine=combine,
                             backend=backend, weighting=attention, encodings=encodings,
-                            qk_norm=qk_norm, biases=biases, single=heads is None)
+                            qk_norm=qk_norm, biases=biases, single=heads is None,
+                            strength=strength)
         super().__init__(sub, mlp, scheme, mlp_norm, form)
 
 

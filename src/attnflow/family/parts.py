@@ -7,7 +7,7 @@ declares, once,
 * ``name``: the option's name: the keyword of `attnflow.Attention`, the command-line flag
   ``--name`` of ``attnflow simulate`` and the sweep axis ``name``;
 * ``slot``: where a block puts it ("scheme", "weighting", "encoding", "qk_norm", "biases",
-  "feedforward");
+  "feedforward", "strength");
 * ``help``: one line for the CLI help and the docs table;
 * ``kernel_options``: the options an attention kernel needs for it (`attnflow.kernels.SUPPORTS`);
 * its validation (in ``__post_init__``: every error names the argument, the expected and the
@@ -30,7 +30,7 @@ from attnflow._checks import fail
 
 __all__ = ["KINDS", "PARTS", "SLOTS", "Part", "part_from_record", "parts_table", "register"]
 
-SLOTS = ("scheme", "weighting", "encoding", "qk_norm", "biases", "feedforward")
+SLOTS = ("scheme", "weighting", "encoding", "qk_norm", "biases", "feedforward", "strength")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ on the command line, the axis ``NAME`` in a sweep spec. The built-in ones:
 * alibi: ``none`` | ``default`` (slopes 2^(-8h/H)) | ``S`` (one slope) | ``S1,S2,...`` (per head)
 * qk_norm: ``none`` | ``rms`` | ``rms:EPS``
 * mlp: ``none`` | ``ACT:WIDTH[:SEED]`` (random weights; ACT swiglu, geglu, gelu, relu)
+* strength: ``K`` (a number > 0, default 1: the attention output times K)
 
 `family_options` turns them into keyword arguments of `attnflow.Attention`; errors name the
 option as the caller spells it (``--rope`` on the command line, ``rope`` in a sweep spec).
@@ -36,8 +37,8 @@ __all__ = ["BUILTIN", "DEFAULTS", "family_help", "family_options", "layers_from_
            "option_names", "parse_alibi", "parse_attention", "parse_rope"]
 
 # The options whose keyword in `attnflow.Attention` is their name (others go into `parts`).
-BUILTIN = ("norm", "attention", "rope", "alibi", "qk_norm", "mlp")
-DEFAULTS = {"norm": "post", "attention": "softmax"}  # text defaults; "none" for the others
+BUILTIN = ("norm", "attention", "rope", "alibi", "qk_norm", "mlp", "strength")
+DEFAULTS = {"norm": "post", "attention": "softmax", "strength": "1"}  # "none" for the others
 EXTRA_HELP = {
     "alpha": "nGPT's step alpha (with --norm ngpt).",
     "noise": "sigma >= 0: dX = F dt + sigma P_X dW (methods euler, geodesic; seeded by --seed).",

@@ -7,7 +7,8 @@ the mask ("full" or "causal"), beta, and the head's (Q, K, V) reduced to
 * the score of angles (theta, phi): beta <Q x, K y> = b cos(theta - alpha - phi) when Q^T K is
   c times a rotation by alpha (b = beta c), or b cos(theta - alpha + phi) when it is c times a
   reflection (``reflect``), with x = (cos theta, sin theta), y = (cos phi, sin phi);
-* V, any real (2, 2) matrix.
+* V, any real (2, 2) matrix, times the block's interaction strength K
+  (`attnflow.family.Strength`: the velocity is K times that of strength 1, softmax or not).
 
 Everything else of the family (d != 2, several heads, memory, positional encodings, QK-norm,
 projection biases, an MLP, schemes other than post-LN, window or array masks, Sinkhorn
@@ -47,7 +48,7 @@ class MeanFieldModel:
         (b < 0: repulsive; the Bessel coefficients I_k(b) = (-1)^k I_k(|b|) carry the sign).
     alpha : the rotation angle of Q^T K (radians); with `reflect`, the reflection's angle.
     reflect : Q^T K is c times a reflection (det < 0): the score depends on theta + phi.
-    V : (2, 2) value matrix.
+    V : (2, 2) value matrix times the interaction strength K of the block.
     """
 
     block: Block
@@ -93,8 +94,9 @@ class MeanFieldModel:
         # Rotation by alpha: B = c [[cos a, -sin a], [sin a, cos a]]; reflection at angle
         # alpha: B = c [[cos a, sin a], [sin a, -cos a]]. Both have first column c (cos, sin).
         alpha = float(np.arctan2(B[1, 0], B[0, 0])) if c > 0 else 0.0
+        V = np.eye(2) if V is None else np.asarray(V, dtype=float)
         return cls(model, att.weighting.method, att.mask == "causal", float(att.beta) * c,
-                   alpha, reflect, np.eye(2) if V is None else np.asarray(V, dtype=float))
+                   alpha, reflect, att.strength * V)
 
 
 def _require(ok: bool, name: str, received: Any) -> None:
