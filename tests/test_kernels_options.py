@@ -178,7 +178,7 @@ def test_kernel_without_an_option_names_backend_and_option(name):
 
 
 def test_supports_table():
-    assert SUPPORTS["dense"] == SUPPORTS["auto"] == {"bias", "unnormalised", "sinkhorn"}
+    assert SUPPORTS["dense"] == SUPPORTS["auto"] == {"bias", "unnormalised", "sinkhorn", "hardmax"}
     assert set(SUPPORTS) == {"auto", "dense", "fused", "blocked", "torch", "harmonic"}
 
 

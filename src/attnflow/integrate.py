@@ -63,8 +63,9 @@ from attnflow.sphere import compiled_width, exp_map, inner, normalize, project
 
 Field = Callable[[np.ndarray], np.ndarray]
 
-METHODS = ("euler", "rk4", "geodesic", "dopri5", *IMPLICIT)
-FIXED_STEP = ("euler", "rk4", "geodesic")
+EVENTS = "events"  # hardmax (beta = +-inf) only: RK4 with located leader changes (events.py)
+METHODS = ("euler", "rk4", "geodesic", "dopri5", *IMPLICIT, EVENTS)
+FIXED_STEP = ("euler", "rk4", "geodesic", EVENTS)
 NOISY = ("euler", "geodesic")  # the methods that take noise
 SPHERE_ONLY = ("geodesic",)
 DEFAULT_DT = 0.05
@@ -504,6 +505,9 @@ def integrate(
 
 def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
            runs_independent, manifold, noise, splitting, grain) -> Solution:
+    if method == EVENTS:
+        raise fail("method", f"one of {METHODS[:-1]} here ({EVENTS!r} integrates hardmax "
+                   "models, through attnflow.simulate and attnflow.events)", repr(method))
     if not manifold.geodesic and method in SPHERE_ONLY:
         raise fail("method", f"a method for states in R^d (not {SPHERE_ONLY})", repr(method))
     if splitting is not None and (method != "euler" or noise is not None):

@@ -38,8 +38,8 @@ _CHUNK_FLOATS = 1 << 22
 def default_cluster_tol(beta: float) -> float:
     """The package's default geodesic cluster tolerance (rad): beta^{-1/2} / 4, a quarter of
     the distance at which attraction is strongest (docs/science.md §1: tau ~ beta^{-1/2}), capped
-    at pi; 1e-2 when beta = 0."""
-    return min(float(np.pi), 0.25 * beta ** -0.5) if beta > 0 else 1e-2
+    at pi; 1e-2 when beta = 0 or beta = inf (hardmax: no length scale beta^{-1/2})."""
+    return min(float(np.pi), 0.25 * beta ** -0.5) if 0 < beta < np.inf else 1e-2
 
 
 @dataclass(frozen=True, repr=False)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import typer
 
-from attnflow._checks import fail, nonnegative, number
+from attnflow._checks import fail, inverse_temperature, number
 from attnflow.cli._app import app
 from attnflow.cli._options import given, output_path, renamed, unused
 from attnflow.family.stack import segments
@@ -75,7 +75,7 @@ def simulate(
     n: int = typer.Option(200, min=1, help="Number of tokens."),
     d: int = typer.Option(2, min=2, help="Dimension: tokens live on S^{d-1} in R^d."),
     beta: float = typer.Option(None, min=0.0, help="Inverse temperature beta >= 0 (default 64;"
-                               " 1 with --from-model)."),
+                               " 1 with --from-model); inf: hardmax (method events)."),
     mask: str = typer.Option("causal", help="causal | full | window:W | FILE.npy (bool n x n)."),
     Q: str = typer.Option("identity", "--Q", help=f"Query matrix: {SPEC_HELP}."),
     K: str = typer.Option("identity", "--K", help=f"Key matrix: {SPEC_HELP}."),
@@ -83,7 +83,8 @@ def simulate(
     batch: int = typer.Option(1, min=1, help="Number of independent runs."),
     method: Method = typer.Option("rk4", help="Integrator: fixed-step rk4, euler, geodesic; "
                                   "adaptive dopri5; implicit bdf, radau, lsoda (long "
-                                  "horizons, a few thousand n*d per run at most)."),
+                                  "horizons, a few thousand n*d per run at most); events "
+                                  "(hardmax, --beta inf: leader changes located)."),
     dt: float = typer.Option(None, help="Step of fixed-step methods (default 0.05); "
                              "first step of the adaptive ones."),
     rtol: float = typer.Option(None, help="Relative tolerance of the adaptive methods "
@@ -136,7 +137,7 @@ def simulate(
         with renamed(**SOLVER_OPTIONS):
             output_path("--out", out, sorted(FORMATS))
             check_solver_args(method.value, t_end, save_at, dt, rtol, atol)
-            nonnegative("beta", beta)
+            inverse_temperature("beta", beta)
             if cluster_tol is not None:
                 radius("cluster_tol", cluster_tol)
         from attnflow.cli.spectra import simulate_from_model
@@ -208,7 +209,7 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
         check_solver_args(method, t_end, save_at, dt, rtol, atol)
         seed = check_seed(seed)
         tol = radius("cluster_tol", cluster_tol) if cluster_tol is not None else \
-            default_cluster_tol(nonnegative("beta", beta))
+            default_cluster_tol(inverse_temperature("beta", beta))
         family = family or {}
         if layers is not None and layers.suffix in MODEL_FILES:
             model = _saved_model(layers)
