@@ -22,8 +22,8 @@ Every event is recorded as (t, run, token, old leaders, new leaders); runs are t
 leading axes. The integrator imports no kernel or model: `simulate` hands it the signed
 scores, the tie rule and the frozen-leader field as functions. Sliding (a token switching
 back at once, the field pointing into the switching surface from both sides) is not
-resolved: it shows as events piling up at one time, and `max_events` stops the run with an
-error naming it.
+resolved: a token changing leaders 4 times in a row, each within one step dt of the last,
+stops the run with an error naming it (as do more than `max_events` events).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from attnflow.manifolds import Manifold
 __all__ = ["MAX_EVENTS", "SAMPLES", "Event", "Switching", "integrate_events"]
 
 SAMPLES = 8  # interpolant points per step at which the margins are checked
-MAX_EVENTS = 100_000  # default cap on the events of one call (sliding guard)
+MAX_EVENTS = 100_000  # default cap on the events of one call
 
 Event = tuple[float, int, int, list[int], list[int]]  # t, run, token, old, new leaders
 
@@ -88,6 +88,7 @@ def integrate_events(switching: Switching, x0: np.ndarray, times: np.ndarray, dt
     lead = switching.leaders(s, tol)
     out = [x0]
     events: list[Event] = []
+    recent: dict[tuple[int, int], tuple[float, int]] = {}  # (run, token): last time, repeats
     n_evals = n_steps = 0
     for t_next in times[1:]:
         while t < t_next:
@@ -112,14 +113,19 @@ def integrate_events(switching: Switching, x0: np.ndarray, times: np.ndarray, dt
             n_evals += 4
             n_steps += 1
             t = t + theta * h
+            before = len(events)
             lead = _switch(lead, s_b, tol_b, switching.leaders, t, events)
-            if len(events) > max_events:
-                e = events[-1]
-                raise fail("max_events", f"at most {max_events} leader changes (more means "
-                           "sliding: a token's leaders switching back and forth at one time, "
-                           "which the events method does not resolve)",
-                           f"{len(events)} by t = {t:.6g}, the last for token {e[2]} of run "
-                           f"{e[1]} ({e[3]} -> {e[4]})")
+            for e in events[before:]:
+                key = (e[1], e[2])
+                t_last, count = recent.get(key, (-np.inf, 0))
+                recent[key] = (t, count + 1 if t - t_last <= dt else 0)
+                if recent[key][1] >= 3 or len(events) > max_events:
+                    raise fail("method", "'events' on a flow without sliding (a token's "
+                               "leaders switching back and forth at one time: the field "
+                               "points into the switching surface from both sides, which "
+                               f"the events method does not resolve; at most {max_events} "
+                               "events)", f"{len(events)} events by t = {t:.6g}, the last for "
+                               f"token {e[2]} of run {e[1]} ({e[3]} -> {e[4]})")
             if progress is not None:
                 progress(t)
         out.append(x)

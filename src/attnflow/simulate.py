@@ -140,13 +140,15 @@ def simulate(
                       seed=seed, n_evals=work["n_evals"], wall_time=wall)
 
 
+COUNTS = ("n_evals", "n_steps", "n_rejected", "n_jacobians")  # an integrator's work
+
+
 def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifold, sigma,
                       path, level) -> tuple[np.ndarray, dict[str, int]]:
     """Integrate layer by layer, each piece with its own field, saving at `times`."""
     x = x0
     saved = [x0] if times[0] == 0 else []
-    work: dict[str, Any] = dict.fromkeys(("n_evals", "n_steps", "n_rejected", "n_jacobians"), 0)
-    work["events"] = []
+    work: dict[str, Any] = {**dict.fromkeys(COUNTS, 0), "events": []}
     for a, b, layer in pieces:
         inside = times[(times > a) & (times <= b)]
         stops = inside if inside.size and inside[-1] == b else np.append(inside, b)
@@ -159,7 +161,7 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
             work["events"].extend([list(e) for e in events])
             saved.extend(sol.states[: len(inside)])
             x = sol.states[-1]
-            for key in ("n_evals", "n_steps"):
+            for key in COUNTS:
                 work[key] += getattr(sol, key)
             continue
         # One kernel for the whole piece (chosen for the batch, or for one run where the
@@ -175,7 +177,7 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
                         noise=noise, t0=a, grain=tile_runs(x.dtype, runs))
         saved.extend(sol.states[: len(inside)])
         x = sol.states[-1]
-        for key in work:
+        for key in COUNTS:
             work[key] += getattr(sol, key)
     return np.stack(saved), work
 
