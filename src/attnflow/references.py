@@ -64,4 +64,9 @@ REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
     # transformers"
     Reference("2412.02682", "The Asymptotic Behavior of Attention in Transformers",
               ("Á. Rodríguez Abella", "J. P. Silvestre", "P. Tabuada"), "ICML 2025"),
+    Reference("2508.09628", "Attention's forward pass and Frank-Wolfe",
+              ("A. Alcalde", "B. Geshkovski", "D. Ruiz-Balet")),
+    Reference("2407.01602", "Clustering in pure-attention hardmax transformers and its role "
+              "in sentiment analysis", ("A. Alcalde", "G. Fantuzzi", "E. Zuazua"),
+              "SIAM J. Math. Data Sci. 2025"),
 )}
