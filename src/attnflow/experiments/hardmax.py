@@ -6,13 +6,15 @@ Post-LN, V = I: token i moves along the great circle towards its leader (velocit
 x_L, so the angle psi to a fixed leader obeys psi' = -sin psi). Integrated by the events
 method (`attnflow.events`): RK4 at dt with every leader change located.
 
-* vertices: full mask, Q = K = M (B = M^T M positive semi-definite), n tokens on S^2. A
-  vertex is a token that leads itself (argmax_j <B x_v, x_j> = v); a cell token is one whose
+* vertices: full mask on the circle, Q = R(phi) (B = R(phi), whose symmetric part cos(phi) I
+  is positive definite), K = V = I. A vertex is a token that leads itself (argmax_j <B x_v,
+  x_j> = v: no other token within (theta_v, theta_v + 2 phi)); a cell token is one whose
   leader is a vertex. Derived (§11.6): a vertex without events never moves; a cell token
   following a fixed vertex keeps that leader against every other fixed key (its path is a
   positive combination of its start and the vertex) and its angle to it follows
-  tan(psi/2) = tan(psi_0/2) e^{-t}; it may stop short (its own score overtaking, a switch to
-  itself), which the flat model of the papers does not have.
+  tan(psi/2) = tan(psi_0/2) e^{-t}. (With a symmetric B = M^T M on S^2 a token's own score
+  can overtake its leader's and the flow slides along that tie, which the events method
+  does not resolve: docs/science.md §11.6.)
 * rate: causal mask on the circle, Q = R(phi) (a rotation, B = R(phi) with positive definite
   symmetric part cos(phi) I), K = V = I: softmax at beta against hardmax at a fixed time t,
   dopri5 at tight tolerances for finite beta.
@@ -41,7 +43,7 @@ PAPERS = ("2508.09628", "2407.01602")
 NAME = "hardmax"
 TITLE = "Hardmax attention (beta = inf): leaders, events and the limit of large beta"
 QUICK: dict[str, Any] = {
-    "vertices": {"n": 12, "runs": 4, "t_end": 10.0, "dt": 0.02, "M": [1.0, 0.6, 0.3]},
+    "vertices": {"n": 12, "runs": 4, "t_end": 10.0, "dt": 0.02, "phi": 0.6},
     "rate": {"n": 8, "runs": 3, "t": 2.0, "phi": 0.8, "betas": [10.0, 100.0, 1000.0],
              "dt": 0.005, "rtol": 1e-10},
     "causal": {"n": 12, "runs": 6, "t_end": 15.0, "dt": 0.02, "phi": 0.8},
@@ -73,8 +75,8 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
                save_figure(_rate_figure(rate), out, "hardmax_rate.png"),
                save_figure(_causal_figure(causal), out, "hardmax_causal.png")]
     v, r, c = params["vertices"], params["rate"], params["causal"]
-    notes = [f"vertices: n = {v['n']} on S^2, {v['runs']} runs, full mask, Q = K = "
-             f"diag{tuple(v['M'])}, events method dt = {v['dt']:g} to t = {v['t_end']:g}; "
+    notes = [f"vertices: n = {v['n']} on the circle, {v['runs']} runs, full mask, Q = "
+             f"R({v['phi']:g}), events method dt = {v['dt']:g} to t = {v['t_end']:g}; "
              f"{vert['events']} events in all, {vert['stops']} of them cell tokens stopping "
              "short of their vertex.",
              f"rate: n = {r['n']} on the circle, causal, Q = R({r['phi']:g}), {r['runs']} runs, "
@@ -94,9 +96,8 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
 
 # ---------------------------------------------------------------------------- vertices
 def _vertices(p: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-    M = np.diag(p["M"])
-    model = Attention(M, M, None, beta=np.inf, mask="full")
-    x0 = uniform((p["runs"], p["n"]), 3, rng)
+    model = Attention(rotation(p["phi"]), None, None, beta=np.inf, mask="full")
+    x0 = uniform((p["runs"], p["n"]), 2, rng)
     times = np.linspace(0.0, p["t_end"], 41)
     tr = simulate(model, x0, p["t_end"], save_at=times, method="events", dt=p["dt"])
     lead = leaders(*model.hardmax_scores(x0))  # (runs, n, n)
@@ -151,7 +152,7 @@ def _vertices_figure(v: dict[str, Any]) -> Figure:
         ax.semilogy(t, v["psi"][:, run, token], "o", ms=3, color=f"C{k % 10}")
         ax.semilogy(t, v["want"][:, run, token], "-", lw=0.8, color=f"C{k % 10}")
     ax.set(xlabel="time t", ylabel="angle psi to the leader (rad)",
-           title="beta = inf, full mask: cell tokens approach their vertex")
+           title="beta = inf, full mask, Q = R(phi): tokens approach their vertex")
     ax.plot([], [], "ko", ms=3, label="events method")
     ax.plot([], [], "k-", lw=0.8, label="2 arctan(tan(psi0/2) e^-t)")
     ax.legend(fontsize=8)
