@@ -39,12 +39,17 @@ from attnflow.ensembles import Progress
 from attnflow.integrate import Solution, rk4_step
 from attnflow.manifolds import Manifold
 
-__all__ = ["MAX_EVENTS", "SAMPLES", "Event", "Switching", "integrate_events"]
+__all__ = ["MAX_EVENTS", "SAMPLES", "SlidingError", "Event", "Switching", "integrate_events"]
 
 SAMPLES = 8  # interpolant points per step at which the margins are checked
 MAX_EVENTS = 100_000  # default cap on the events of one call
 
 Event = tuple[float, int, int, list[int], list[int]]  # t, run, token, old, new leaders
+
+
+class SlidingError(ValueError):
+    """The flow slides along a switching surface (or makes more than `max_events` events):
+    the events method stops there (module docstring); the message names the token."""
 
 
 @dataclass(frozen=True)
@@ -120,12 +125,14 @@ def integrate_events(switching: Switching, x0: np.ndarray, times: np.ndarray, dt
                 t_last, count = recent.get(key, (-np.inf, 0))
                 recent[key] = (t, count + 1 if t - t_last <= dt else 0)
                 if recent[key][1] >= 3 or len(events) > max_events:
-                    raise fail("method", "'events' on a flow without sliding (a token's "
-                               "leaders switching back and forth at one time: the field "
-                               "points into the switching surface from both sides, which "
-                               f"the events method does not resolve; at most {max_events} "
-                               "events)", f"{len(events)} events by t = {t:.6g}, the last for "
-                               f"token {e[2]} of run {e[1]} ({e[3]} -> {e[4]})")
+                    error = fail("method", "'events' on a flow without sliding (a token's "
+                                 "leaders switching back and forth at one time: the field "
+                                 "points into the switching surface from both sides, which "
+                                 "the events method does not resolve; at most "
+                                 f"{max_events} events)", f"{len(events)} events by t = "
+                                 f"{t:.6g}, the last for token {e[2]} of run {e[1]} "
+                                 f"({e[3]} -> {e[4]})")
+                    raise SlidingError(*error.args)
             if progress is not None:
                 progress(t)
         out.append(x)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from attnflow.events import SlidingError
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention
@@ -84,7 +85,8 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
              f"hardmax by events (dt = {r['dt']:g}), softmax by dopri5 (rtol = {r['rtol']:g}) "
              f"at t = {r['t']:g}.",
              f"causal: n = {c['n']} on the circle, {c['runs']} runs to t = {c['t_end']:g}; "
-             f"first-token picture in {causal['one_cluster']} of {c['runs']} runs, "
+             f"first-token picture in {causal['one_cluster']} of "
+             f"{c['runs'] - causal['sliding']} runs that did not slide, "
              f"{causal['mean_clusters']:.2f} final points per run on average."]
     numbers = {"vertices": {k: vert[k] for k in ("vertex_motion", "closed_form_error",
                                                   "switches_to_other", "events", "stops",
@@ -189,16 +191,19 @@ def _rate(p: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     R = rotation(p["phi"])
     x0 = uniform((p["runs"], p["n"]), 2, rng)
     save = [0.0, p["t"]]
-    hard = simulate(Attention(R, None, None, beta=np.inf, mask="causal"), x0, p["t"],
-                    save_at=save, method="events", dt=p["dt"])
+    hard, x0, sliding = _per_run(Attention(R, None, None, beta=np.inf, mask="causal"), x0,
+                                 p["t"], save, p["dt"])
     distance = []
     for beta in p["betas"]:
         soft = simulate(Attention(R, None, None, beta=beta, mask="causal"), x0, p["t"],
                         save_at=save, method="dopri5", rtol=p["rtol"], atol=p["rtol"] / 100)
-        distance.append(float(geodesic_distance(soft.states[-1], hard.states[-1]).max()))
-    slope = float(np.polyfit(np.log(p["betas"]), np.log(distance), 1)[0])
-    return {"betas": list(p["betas"]), "distance": distance, "slope": slope,
-            "events": len(hard.integrator["events"])}
+        distance.append(float(geodesic_distance(soft.states[-1], hard["states"][-1]).max()))
+    positive = np.asarray(distance) > 0  # 0: softmax equal to hardmax in float64
+    slope = float(np.polyfit(np.log(np.asarray(p["betas"])[positive]),
+                             np.log(np.asarray(distance)[positive]), 1)[0]) \
+        if positive.sum() >= 2 else float("nan")
+    return {"betas": list(p["betas"]), "distance": distance, "slope": slope, "t": p["t"],
+            "events": hard["events"], "sliding": sliding, "runs": p["runs"]}
 
 
 def _rate_claim(r: dict[str, Any]) -> Claim:
@@ -208,15 +213,16 @@ def _rate_claim(r: dict[str, Any]) -> Claim:
         "hardmax.rate",
         measured=", ".join(f"beta={b:g}: {x:.3g} rad" for b, x in zip(r["betas"], d))
                  + f"; fitted exponent {r['slope']:.2f}; {r['events']} events in the "
-                   "hardmax runs",
-        values={"monotone": falls, "ratio": d[0] / d[-1], "slope": r["slope"]})
+                   f"hardmax runs; {r['sliding']} of {r['runs']} runs slid (left out)",
+        values={"monotone": falls, "ratio": d[0] / d[-1] if d[-1] > 0 else np.inf,
+                "slope": r["slope"]})
 
 
 def _rate_figure(r: dict[str, Any]) -> Figure:
     fig = Figure(figsize=(5.0, 3.8))
     ax = fig.subplots()
     b = np.asarray(r["betas"])
-    ax.loglog(b, r["distance"], "o-", label="max distance to beta = inf at t")
+    ax.loglog(b, r["distance"], "o-", label=f"max distance to beta = inf at t = {r['t']:g}")
     for order, style in ((1, ":"), (2, "--")):
         ax.loglog(b, r["distance"][0] * (b / b[0]) ** -order, "k" + style, lw=0.8,
                   label=f"beta^-{order}")
@@ -235,20 +241,41 @@ def _causal(p: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     ident = simulate(Attention(beta=np.inf, mask="causal"), x0, p["t_end"],
                      save_at=[0.0, p["t_end"]], method="events", dt=0.25)
     identity_motion = float(geodesic_distance(ident.states[-1], x0).max())
-    tr = simulate(Attention(rotation(p["phi"]), None, None, beta=np.inf, mask="causal"), x0,
-                  p["t_end"], save_at=times, method="events", dt=p["dt"])
-    moved = geodesic_distance(tr.states, x0[None]).max(axis=0)  # (runs, n)
+    tr, x0, sliding = _per_run(Attention(rotation(p["phi"]), None, None, beta=np.inf,
+                                         mask="causal"), x0, p["t_end"], times, p["dt"])
+    states = tr["states"]
+    moved = geodesic_distance(states, x0[None]).max(axis=0)  # (runs, n)
     still = moved <= STILL  # rounding: P_x(x) = x - <x, x> x is ~1e-16, not 0
-    end = tr.states[-1]
+    end = states[-1]
     off = geodesic_distance(end[:, :, None], x0[:, None, :])  # (runs, n, n): to each start
     final_off = float(np.where(still[:, None, :], off, np.inf).min(axis=-1).max())
     clusters = still.sum(axis=-1)  # every final point is a still token's start
     one = int(np.sum(geodesic_distance(end, x0[:, :1]).max(axis=-1) < 1e-3))
-    return {"times": times, "theta": np.arctan2(tr.states[..., 1], tr.states[..., 0]),
+    return {"times": times, "theta": np.arctan2(states[..., 1], states[..., 0]),
             "still": still, "identity_motion": identity_motion,
             "token1_motion": float(moved[:, 0].max()), "final_off": final_off,
             "one_cluster": one, "mean_clusters": float(clusters.mean()),
-            "events": len(tr.integrator["events"])}
+            "events": tr["events"], "sliding": sliding, "runs": len(x0) + sliding}
+
+
+def _per_run(model: Attention, x0: np.ndarray, t_end: float, times: Any, dt: float
+             ) -> tuple[dict[str, Any], np.ndarray, int]:
+    """The events method run by run: the states of the runs that did not slide (T, runs, n,
+    d) and their event count, their starts, and how many runs slid (`SlidingError`)."""
+    states, starts, events = [], [], 0
+    for x in x0:
+        try:
+            tr = simulate(model, x, t_end, save_at=times, method="events", dt=dt)
+        except SlidingError:
+            continue
+        states.append(tr.states)
+        starts.append(x)
+        events += len(tr.integrator["events"])
+    if not states:
+        raise SlidingError(f"runs: expected one run without sliding, received {len(x0)} "
+                           "that slid")
+    return ({"states": np.stack(states, axis=1), "events": events}, np.stack(starts),
+            len(x0) - len(states))
 
 
 def _causal_claim(c: dict[str, Any]) -> Claim:
@@ -257,6 +284,7 @@ def _causal_claim(c: dict[str, Any]) -> Claim:
         measured=f"Q = K = I: largest motion {c['identity_motion']:.2g} rad; Q = R(phi): "
                  f"token 1 moved {c['token1_motion']:.2g} rad, every token ends within "
                  f"{c['final_off']:.2g} rad of a still token's start; {c['events']} events; "
+                 f"{c['sliding']} of {c['runs']} runs slid (left out); "
                  f"one cluster at x_1(0) in {c['one_cluster']} runs, "
                  f"{c['mean_clusters']:.2f} final points per run",
         values={"identity_motion": c["identity_motion"], "token1_motion": c["token1_motion"],
@@ -271,9 +299,11 @@ def _causal_figure(c: dict[str, Any]) -> Figure:
     colors = [_token_color(k, n) for k in range(n)]
     for k in range(n):
         ax.plot(c["times"], theta[:, k], color=colors[k], lw=1.0)
-    still = np.flatnonzero(c["still"][0])
-    ax.plot(np.zeros(still.size), theta[0, still], "o", mfc="none", mec="red", ms=7,
-            label="tokens that never move")
+    still = theta[0, np.flatnonzero(c["still"][0])]
+    lo, hi = theta.min() - 0.1, theta.max() + 0.1
+    rings = [a + k * 2 * np.pi for a in still for k in (-1, 0, 1) if lo <= a + k * 2 * np.pi <= hi]
+    ax.plot(np.zeros(len(rings)), rings, "o", mfc="none", mec="red", ms=7,
+            label="starts of tokens that never move (and +-2 pi)")
     ax.set(xlabel="time t", ylabel="angle theta_k (rad)",
            title="beta = inf, causal, Q = R(phi): one run (colour = token index)")
     ax.legend(fontsize=8, loc="best")
