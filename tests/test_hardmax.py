@@ -269,3 +269,20 @@ def test_rk4_at_infinite_beta_is_first_order_across_the_event():
         th = angle(af.simulate(three_token_model(), x0, 2.0, save_at=[2.0], method="rk4",
                                dt=dt).states[-1, 2])
         assert 1e-6 < abs(th - exact) < dt
+
+
+GRID = {"n": 4, "d": 2, "t_end": 1.0, "seeds": 1}
+
+
+def test_sweep_axis_mixes_finite_and_infinite_beta():
+    """A sweep's beta axis takes inf (TOML's inf, or the text "inf") beside finite values;
+    negative and NaN values stay refused. (A run of such a sweep with method rk4 was checked
+    by hand: both points complete.)"""
+    from attnflow.sweeps.spec import parse_spec
+
+    for inf in ("inf", np.inf):
+        spec = parse_spec({"grid": {"beta": [10.0, inf], **GRID}})
+        assert list(spec.axes["beta"]) == [10.0, np.inf]
+    for bad in (np.nan, "nan"):
+        with pytest.raises(ValueError, match="beta"):
+            parse_spec({"grid": {"beta": [1.0, bad], **GRID}})

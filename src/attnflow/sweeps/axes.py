@@ -40,6 +40,15 @@ def real(lo: float, strict: bool) -> Check:
     return check
 
 
+def inverse_temperature(name: str, v: Any) -> float:
+    """beta: a number >= 0, or inf (hardmax attention; TOML's `inf`, the text "inf")."""
+    if isinstance(v, str) and v.strip().lower() in ("inf", "+inf"):
+        return math.inf
+    if is_number(v) and v == math.inf:
+        return math.inf
+    return real(0, strict=False)(name, v)
+
+
 def integer(lo: int) -> Check:
     """A checker of integers >= lo."""
     def check(name: str, v: Any) -> int:
@@ -126,7 +135,7 @@ def axes() -> dict[str, tuple[Check, Any]]:
     the simulate or model default, not recorded)."""
     return {
     "model": (_model_file, None),
-    "beta": (real(0, strict=False), REQUIRED),
+    "beta": (inverse_temperature, REQUIRED),
     "n": (integer(1), REQUIRED),
     "d": (integer(2), REQUIRED),
     "mask": (_mask_text, "causal"),
