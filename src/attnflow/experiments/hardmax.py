@@ -57,6 +57,7 @@ FULL: dict[str, Any] = {
 }
 FULL_MINUTES = 6
 STILL = 1e-12  # rad: a token that moved less never left its start (rounding per step ~1e-16)
+AT_FIRST = 1e-3  # rad: a run counted as ending at x_1(0) (a reported count, not a criterion)
 
 
 def rotation(phi: float) -> np.ndarray:
@@ -250,7 +251,7 @@ def _causal(p: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     off = geodesic_distance(end[:, :, None], x0[:, None, :])  # (runs, n, n): to each start
     final_off = float(np.where(still[:, None, :], off, np.inf).min(axis=-1).max())
     clusters = still.sum(axis=-1)  # every final point is a still token's start
-    one = int(np.sum(geodesic_distance(end, x0[:, :1]).max(axis=-1) < 1e-3))
+    one = int(np.sum(geodesic_distance(end, x0[:, :1]).max(axis=-1) < AT_FIRST))
     return {"times": times, "theta": np.arctan2(states[..., 1], states[..., 0]),
             "still": still, "identity_motion": identity_motion,
             "token1_motion": float(moved[:, 0].max()), "final_off": final_off,
