@@ -286,3 +286,24 @@ def test_sweep_axis_mixes_finite_and_infinite_beta():
     for bad in (np.nan, "nan"):
         with pytest.raises(ValueError, match="beta"):
             parse_spec({"grid": {"beta": [1.0, bad], **GRID}})
+
+
+def test_cli_simulates_hardmax_with_events(tmp_path):
+    """`attnflow simulate --beta inf --method events` writes a run whose model has beta =
+    inf and whose record holds the events (in process, through typer's runner). Q = K = I:
+    every token leads itself, so nothing moves and there are no events."""
+    from typer.testing import CliRunner
+
+    from attnflow.cli import app
+
+    out = tmp_path / "hard.nc"
+    result = CliRunner().invoke(app, ["simulate", "--beta", "inf", "--method", "events",
+                                      "--n", "5", "--t-end", "2", "--out", str(out),
+                                      "--no-progress"])
+    assert result.exit_code == 0, result.output
+    back = af.load(out)
+    assert back.model.beta == np.inf and back.integrator["events"] == []
+    np.testing.assert_allclose(back.states[-1], back.states[0], atol=1e-14)
+    bad = CliRunner().invoke(app, ["simulate", "--beta", "inf", "--method", "bdf", "--n", "3",
+                                   "--t-end", "1", "--out", str(tmp_path / "x.nc")])
+    assert bad.exit_code == 2 and "events" in bad.output
