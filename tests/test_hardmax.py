@@ -199,13 +199,19 @@ def test_exactly_tied_start_is_reproducible():
                                1 - 2 * np.arctan(np.tan(0.65) * np.exp(-1.0)), atol=1e-6)
 
 
-def test_sliding_is_refused_with_its_time():
+def test_sliding_follows_the_tie_the_filippov_way():
     """beta = -inf, causal, tokens at 0.7, -0.7, 0: token 3 is equally far from tokens 1 and
     2, and following either brings it nearer to that one: the flow slides along the tie
-    (Filippov), which the events method reports instead of chattering."""
+    (Filippov), token 3 staying equidistant, theta_3 = (theta_1 + theta_2) / 2, while token 2
+    follows token 1 by the closed form tan((0.7 - theta_2)/2) = tan(0.7) e^{-t}."""
     model = af.Attention(beta=-np.inf, mask="causal")
-    with pytest.raises(ValueError, match="sliding.*token 2 of run 0"):
-        af.simulate(model, circle(0.7, -0.7, 0.0), 1.0, method="events", dt=0.01)
+    times = np.linspace(0, 2, 5)
+    tr = af.simulate(model, circle(0.7, -0.7, 0.0), 2.0, save_at=times, method="events",
+                     dt=0.02)
+    th2 = 0.7 - 2 * np.arctan(np.tan(0.7) * np.exp(-times))
+    np.testing.assert_allclose(angle(tr.states[:, 1]), th2, atol=1e-8)
+    np.testing.assert_allclose(angle(tr.states[:, 2]), (0.7 + th2) / 2, atol=1e-7)
+    assert tr.integrator["events"][-1][2:] == [2, [0], [0, 1]]  # sliding on the pair
 
 
 def generic_model(beta: float) -> af.Attention:

@@ -69,16 +69,89 @@ class Switching:
     field: Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
-def margins(s: np.ndarray, tol: np.ndarray, lead: np.ndarray) -> np.ndarray:
+def margins(s: np.ndarray, tol: np.ndarray, lead: np.ndarray,
+            sliding: np.ndarray | None = None) -> np.ndarray:
     """m_i (..., n): how far row i's leader set still holds (module docstring); < 0 when a
-    key outside L_i overtook it or a tied set spread apart by more than tol_i."""
+    key outside L_i overtook it or a tied set spread apart by more than tol_i. Rows marked
+    in `sliding` (..., n) keep their pair tied by construction: only keys outside count."""
     inside = np.where(lead, s, np.inf).min(axis=-1)
     top = np.where(lead, s, -np.inf).max(axis=-1)
     outside = np.where(lead, -np.inf, s).max(axis=-1)
     with np.errstate(invalid="ignore"):  # rows whose every allowed key leads: inf - -inf
         m = inside - outside
     m = np.where(np.isfinite(outside), m, np.inf)
-    return np.minimum(m, np.where(lead.sum(axis=-1) > 1, tol - (top - inside), np.inf))
+    spread = np.where(lead.sum(axis=-1) > 1, tol - (top - inside), np.inf)
+    if sliding is not None:
+        spread = np.where(sliding, np.inf, spread)
+    return np.minimum(m, spread)
+
+
+class _Mode:
+    """The leader sets of a segment, and the tokens sliding on a pair (a, b) of them with
+    the Filippov weight w on a, 1 - w on b that keeps s_ia - s_ib = 0 (equivalent control:
+    the field is affine in the w's, the derivative of the score gaps along a field linear,
+    so one linear system per evaluation, its coefficients by central differences)."""
+
+    def __init__(self, switching: Switching, lead: np.ndarray,
+                 pairs: tuple[tuple[int, int, int, int], ...] = ()) -> None:
+        self.switching = switching
+        self.lead = lead
+        self.pairs = pairs  # (run, token, a, b) with flat run indices
+        n = lead.shape[-1]
+        flat = np.zeros((int(np.prod(lead.shape[:-2], dtype=int)), n), bool)
+        for run, token, _a, _b in pairs:
+            flat[run, token] = True
+        self.sliding = flat.reshape(lead.shape[:-1])
+        self.base = lead / lead.sum(axis=-1, keepdims=True)
+
+    def gaps(self, y: np.ndarray) -> np.ndarray:
+        """s_ia - s_ib of every sliding pair at y."""
+        s = self.switching.scores(y)[0].reshape(-1, *self.lead.shape[-2:])
+        return np.array([s[r, i, a] - s[r, i, b] for r, i, a, b in self.pairs])
+
+    def solve(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the field at y, the sliding weights w at y)."""
+        if not self.pairs:
+            return self.switching.field(y, self.base), np.zeros(0)
+        flat_shape = (-1, *self.lead.shape[-2:])
+        WA, WB = self.base.reshape(flat_shape).copy(), self.base.reshape(flat_shape).copy()
+        for r, i, a, b in self.pairs:
+            WA[r, i], WB[r, i] = 0.0, 0.0
+            WA[r, i, a], WB[r, i, b] = 1.0, 1.0
+        FA = self.switching.field(y, WA.reshape(self.lead.shape))
+        FB = self.switching.field(y, WB.reshape(self.lead.shape))
+        rows = FA.reshape(-1, *y.shape[-2:]) - FB.reshape(-1, *y.shape[-2:])
+        deltas = []
+        for r, i, _a, _b in self.pairs:
+            dF = np.zeros_like(rows)
+            dF[r, i] = rows[r, i]
+            deltas.append(dF.reshape(y.shape))
+        rhs = -self.rate(y, FB)
+        J = np.stack([self.rate(y, dF) for dF in deltas], axis=1)
+        w = np.linalg.lstsq(J, rhs, rcond=None)[0]
+        return FB + sum(wk * dF for wk, dF in zip(w, deltas)), w
+
+    def rate(self, y: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """d/dt of the sliding gaps along the velocity v (central difference)."""
+        scale = float(np.max(np.abs(v)))
+        if scale == 0:
+            return np.zeros(len(self.pairs))
+        eps = 1e-5 / scale
+        return (self.gaps(y + eps * v) - self.gaps(y - eps * v)) / (2 * eps)
+
+    def field(self, y: np.ndarray) -> np.ndarray:
+        return self.solve(y)[0]
+
+    def margins(self, y: np.ndarray) -> np.ndarray:
+        """Every row's margin at y; a sliding row's also min(w, 1 - w) (leaving the pair)."""
+        s, tol = self.switching.scores(y)
+        m = margins(s, tol, self.lead, self.sliding)
+        if self.pairs:
+            w = self.solve(y)[1]
+            flat = m.reshape(-1, m.shape[-1])
+            for (r, i, _a, _b), wk in zip(self.pairs, w):
+                flat[r, i] = min(flat[r, i], wk, 1 - wk)
+        return m
 
 
 def integrate_events(switching: Switching, x0: np.ndarray, times: np.ndarray, dt: float,
@@ -89,8 +162,7 @@ def integrate_events(switching: Switching, x0: np.ndarray, times: np.ndarray, dt
     in time order (module docstring)."""
     x = x0
     t = float(times[0])
-    s, tol = switching.scores(x)
-    lead = switching.leaders(s, tol)
+    mode = _Mode(switching, switching.leaders(*switching.scores(x)))
     out = [x0]
     events: list[Event] = []
     recent: dict[tuple[int, int], tuple[float, int]] = {}  # (run, token): last time, repeats
@@ -99,36 +171,29 @@ def integrate_events(switching: Switching, x0: np.ndarray, times: np.ndarray, dt
         while t < t_next:
             m = max(1, int(np.ceil((t_next - t) / dt * (1 - 1e-12))))
             h = (t_next - t) / m
-            weights = lead / lead.sum(axis=-1, keepdims=True)
-
-            def field(y: np.ndarray, w: np.ndarray = weights) -> np.ndarray:
-                return switching.field(y, w)
-
-            x1 = rk4_step(field, x, h, manifold)
-            found = _locate(switching, field, x, x1, h, lead, manifold)
+            x1 = rk4_step(mode.field, x, h, manifold)
+            theta = _locate(mode, x, x1, h, manifold)
             n_evals += 6  # the step's 4 stages, the interpolant's 2 end slopes
-            if found is None:
+            if theta is None:
                 t, x = (t_next if m == 1 else t + h), x1
                 n_steps += 1
                 if progress is not None:
                     progress(t)
                 continue
-            theta, s_b, tol_b = found
-            x = rk4_step(field, x, theta * h, manifold)
+            x = rk4_step(mode.field, x, theta * h, manifold)
             n_evals += 4
             n_steps += 1
             t = t + theta * h
             before = len(events)
-            lead = _switch(lead, s_b, tol_b, switching.leaders, t, events)
+            mode = _switch(mode, x, t, events)
             for e in events[before:]:
                 key = (e[1], e[2])
                 t_last, count = recent.get(key, (-np.inf, 0))
                 recent[key] = (t, count + 1 if t - t_last <= dt else 0)
-                if recent[key][1] >= 3 or len(events) > max_events:
-                    error = fail("method", "'events' on a flow without sliding (a token's "
-                                 "leaders switching back and forth at one time: the field "
-                                 "points into the switching surface from both sides, which "
-                                 "the events method does not resolve; at most "
+                if recent[key][1] >= 5 or len(events) > max_events:
+                    error = fail("method", "'events' on a flow it resolves (a token's "
+                                 "leaders switching back and forth at one time, sliding "
+                                 "other than on a pair of keys; at most "
                                  f"{max_events} events)", f"{len(events)} events by t = "
                                  f"{t:.6g}, the last for token {e[2]} of run {e[1]} "
                                  f"({e[3]} -> {e[4]})")
@@ -139,23 +204,20 @@ def integrate_events(switching: Switching, x0: np.ndarray, times: np.ndarray, dt
     return Solution(np.asarray(times), np.stack(out), n_evals, n_steps, 0), events
 
 
-def _locate(switching: Switching, field: Callable[[np.ndarray], np.ndarray], x0: np.ndarray,
-            x1: np.ndarray, h: float, lead: np.ndarray, manifold: Manifold
-            ) -> tuple[float, np.ndarray, np.ndarray] | None:
+def _locate(mode: _Mode, x0: np.ndarray, x1: np.ndarray, h: float, manifold: Manifold
+            ) -> float | None:
     """The fraction theta in (0, 1] of the step at which a margin first turns negative on
-    the step's Hermite interpolant (just past the root), with the scores there; None when
-    every margin stays >= 0 at the sample points."""
-    f0, f1 = field(x0), field(x1)
+    the step's Hermite interpolant (just past the root); None when every margin stays >= 0
+    at the sample points."""
+    f0, f1 = mode.field(x0), mode.field(x1)
 
-    def at(theta: float) -> tuple[np.ndarray, np.ndarray]:
+    def at(theta: float) -> np.ndarray:
         t2, t3 = theta * theta, theta ** 3
-        y = ((2 * t3 - 3 * t2 + 1) * x0 + (t3 - 2 * t2 + theta) * h * f0
-             + (-2 * t3 + 3 * t2) * x1 + (t3 - t2) * h * f1)
-        return switching.scores(manifold.retract(y))
+        return manifold.retract((2 * t3 - 3 * t2 + 1) * x0 + (t3 - 2 * t2 + theta) * h * f0
+                                + (-2 * t3 + 3 * t2) * x1 + (t3 - t2) * h * f1)
 
     def worst(theta: float) -> float:
-        s, tol = at(theta)
-        return float(np.min(margins(s, tol, lead)))
+        return float(np.min(mode.margins(at(theta))))
 
     a = 0.0
     for j in range(1, SAMPLES + 1):
@@ -171,25 +233,52 @@ def _locate(switching: Switching, field: Callable[[np.ndarray], np.ndarray], x0:
     while theta < b and worst(theta) >= 0:  # just past the root: the new leader is ahead
         theta = min(b, theta + step)
         step *= 2
-    s, tol = at(theta)
-    return max(theta, np.finfo(float).tiny), s, tol
+    return max(theta, np.finfo(float).tiny)
 
 
-def _switch(lead: np.ndarray, s: np.ndarray, tol: np.ndarray,
-            leaders: Callable[[np.ndarray, np.ndarray], np.ndarray], t: float,
-            events: list[Event]) -> np.ndarray:
-    """New leader sets for the rows whose margin is negative at scores s, recorded as events;
-    the other rows keep theirs."""
-    broken = margins(s, tol, lead) < 0
-    tied = leaders(s, tol)
+def _switch(mode: _Mode, x: np.ndarray, t: float, events: list[Event]) -> _Mode:
+    """The next segment's mode at the event state x: rows whose margin is negative get new
+    leaders (the tied top keys minus the old ones, or the top keys when none is new; a
+    sliding row leaving its pair keeps the key its weight went to); a single new leader
+    whose own margin would shrink at once (the field pointing back into the surface from
+    both sides) starts sliding on the pair. Recorded as events."""
+    switching = mode.switching
+    s, tol = switching.scores(x)
+    lead = mode.lead
+    m = mode.margins(x)
+    broken = m < 0
+    tied = switching.leaders(s, tol)
     fresh = tied & ~lead
     new = np.where(fresh.any(axis=-1, keepdims=True), fresh, tied)
     out = np.where(broken[..., None], new, lead)
-    flat_broken = broken.reshape(-1, broken.shape[-1])
-    flat_old = lead.reshape(-1, *lead.shape[-2:])
-    flat_new = out.reshape(-1, *out.shape[-2:])
-    for run, token in zip(*np.nonzero(flat_broken)):
-        events.append((float(t), int(run), int(token),
-                       np.flatnonzero(flat_old[run, token]).tolist(),
-                       np.flatnonzero(flat_new[run, token]).tolist()))
-    return out
+    n = lead.shape[-1]
+    flat_old = lead.reshape(-1, n, n)
+    flat_out = out.reshape(-1, n, n)
+    flat_broken = broken.reshape(-1, n)
+    weights = dict(zip(((r, i) for r, i, _a, _b in mode.pairs), mode.solve(x)[1]))
+    pairs = []
+    for r, i, a, b in mode.pairs:
+        if not flat_broken[r, i]:
+            pairs.append((r, i, a, b))
+        elif flat_out[r, i].sum() == 2 and flat_out[r, i, a] and flat_out[r, i, b]:
+            flat_out[r, i] = False  # left the pair through its weight: to the side it chose
+            flat_out[r, i, a if weights[(r, i)] > 0.5 else b] = True
+    candidates = []
+    for r, i in zip(*np.nonzero(flat_broken)):
+        old, new_set = np.flatnonzero(flat_old[r, i]), np.flatnonzero(flat_out[r, i])
+        if len(old) == 1 and len(new_set) == 1 and old[0] != new_set[0] and \
+                (int(r), int(i)) not in weights:
+            candidates.append((int(r), int(i), int(new_set[0]), int(old[0])))
+    if candidates:  # does the new leader's margin shrink at once? then slide on the pair
+        trial = _Mode(switching, flat_out.reshape(lead.shape))
+        rates = _Mode(switching, lead, tuple(candidates)).rate(x, trial.field(x))
+        for c, rate in zip(candidates, rates):
+            if rate < 0:  # d/dt (s_new - s_old) < 0 under the new leader: back at once
+                r, i, a, b = c
+                flat_out[r, i, b] = True
+                pairs.append(c)
+    result = _Mode(switching, flat_out.reshape(lead.shape), tuple(pairs))
+    for r, i in zip(*np.nonzero(flat_broken)):
+        events.append((float(t), int(r), int(i), np.flatnonzero(flat_old[r, i]).tolist(),
+                       np.flatnonzero(flat_out[r, i]).tolist()))
+    return result
