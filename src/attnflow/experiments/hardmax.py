@@ -87,7 +87,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
              f"at t = {r['t']:g}.",
              f"causal: n = {c['n']} on the circle, {c['runs']} runs to t = {c['t_end']:g}; "
              f"first-token picture in {causal['one_cluster']} of "
-             f"{c['runs'] - causal['sliding']} runs that did not slide, "
+             f"{c['runs'] - causal['sliding']} runs integrated, "
              f"{causal['mean_clusters']:.2f} final points per run on average."]
     numbers = {"vertices": {k: vert[k] for k in ("vertex_motion", "closed_form_error",
                                                   "switches_to_other", "events", "stops",
@@ -214,7 +214,7 @@ def _rate_claim(r: dict[str, Any]) -> Claim:
         "hardmax.rate",
         measured=", ".join(f"beta={b:g}: {x:.3g} rad" for b, x in zip(r["betas"], d))
                  + f"; fitted exponent {r['slope']:.2f}; {r['events']} events in the "
-                   f"hardmax runs; {r['sliding']} of {r['runs']} runs slid (left out)",
+                   f"hardmax runs; {r['sliding']} of {r['runs']} runs left out (unresolved sliding)",
         values={"monotone": falls, "ratio": d[0] / d[-1] if d[-1] > 0 else np.inf,
                 "slope": r["slope"]})
 
@@ -285,7 +285,7 @@ def _causal_claim(c: dict[str, Any]) -> Claim:
         measured=f"Q = K = I: largest motion {c['identity_motion']:.2g} rad; Q = R(phi): "
                  f"token 1 moved {c['token1_motion']:.2g} rad, every token ends within "
                  f"{c['final_off']:.2g} rad of a still token's start; {c['events']} events; "
-                 f"{c['sliding']} of {c['runs']} runs slid (left out); "
+                 f"{c['sliding']} of {c['runs']} runs left out (unresolved sliding); "
                  f"one cluster at x_1(0) in {c['one_cluster']} runs, "
                  f"{c['mean_clusters']:.2f} final points per run",
         values={"identity_motion": c["identity_motion"], "token1_motion": c["token1_motion"],
