@@ -20,10 +20,18 @@ every L_i holds and jumps when some token's leaders change (an event). The integ
 
 Every event is recorded as (t, run, token, old leaders, new leaders); runs are the flattened
 leading axes. The integrator imports no kernel or model: `simulate` hands it the signed
-scores, the tie rule and the frozen-leader field as functions. Sliding (a token switching
-back at once, the field pointing into the switching surface from both sides) is not
-resolved: a token changing leaders 4 times in a row, each within one step dt of the last,
-stops the run with an error naming it (as do more than `max_events` events).
+scores, the tie rule and the frozen-leader field as functions.
+
+Sliding: where a single new leader b, once taken, would at once lose to the old one a (the
+field points into the switching surface s_ia = s_ib from both sides), the token slides on
+the pair (Filippov): weight w on a and 1 - w on b, with w solving d/dt (s_ia - s_ib) = 0
+(the field is affine in w and the derivative of the gap along a velocity linear, its
+coefficients by central differences; several sliding tokens share one linear system). The
+event's new leaders are then [a, b]. Sliding ends when w leaves [0, 1] (the token keeps the
+key its weight went to) or a third key overtakes the pair. What this does not resolve (a
+token changing leaders 6 times in a row, each within one step dt of the last: sliding on
+more than two keys, chattering) stops the run with `SlidingError` naming the token, as do
+more than `max_events` events.
 """
 
 from __future__ import annotations

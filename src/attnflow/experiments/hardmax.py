@@ -13,8 +13,8 @@ method (`attnflow.events`): RK4 at dt with every leader change located.
   following a fixed vertex keeps that leader against every other fixed key (its path is a
   positive combination of its start and the vertex) and its angle to it follows
   tan(psi/2) = tan(psi_0/2) e^{-t}. (With a symmetric B = M^T M on S^2 a token's own score
-  can overtake its leader's and the flow slides along that tie, which the events method
-  does not resolve: docs/science.md §11.6.)
+  can overtake its leader's and the flow slides along that tie: another picture than the
+  papers', docs/science.md §11.6.)
 * rate: causal mask on the circle, Q = R(phi) (a rotation, B = R(phi) with positive definite
   symmetric part cos(phi) I), K = V = I: softmax at beta against hardmax at a fixed time t,
   dopri5 at tight tolerances for finite beta.
@@ -214,7 +214,8 @@ def _rate_claim(r: dict[str, Any]) -> Claim:
         "hardmax.rate",
         measured=", ".join(f"beta={b:g}: {x:.3g} rad" for b, x in zip(r["betas"], d))
                  + f"; fitted exponent {r['slope']:.2f}; {r['events']} events in the "
-                   f"hardmax runs; {r['sliding']} of {r['runs']} runs left out (unresolved sliding)",
+                   f"hardmax runs; {r['sliding']} of {r['runs']} runs left out (unresolved "
+                   "sliding)",
         values={"monotone": falls, "ratio": d[0] / d[-1] if d[-1] > 0 else np.inf,
                 "slope": r["slope"]})
 
