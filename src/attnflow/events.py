@@ -29,8 +29,8 @@ the pair (Filippov): weight w on a and 1 - w on b, with w solving d/dt (s_ia - s
 coefficients by central differences; several sliding tokens share one linear system). The
 event's new leaders are then [a, b]. Sliding ends when w leaves [0, 1] (the token keeps the
 key its weight went to) or a third key overtakes the pair. What this does not resolve (a
-token changing leaders 6 times in a row, each within one step dt of the last: sliding on
-more than two keys, chattering) stops the run with `SlidingError` naming the token, as do
+token returning to its previous leaders 3 times in a row, each within one step dt: sliding
+on more than two keys, chattering) stops the run with `SlidingError` naming the token, as do
 more than `max_events` events.
 """
 
@@ -173,7 +173,8 @@ def integrate_events(switching: Switching, x0: np.ndarray, times: np.ndarray, dt
     mode = _Mode(switching, switching.leaders(*switching.scores(x)))
     out = [x0]
     events: list[Event] = []
-    recent: dict[tuple[int, int], tuple[float, int]] = {}  # (run, token): last time, repeats
+    recent: dict[tuple[int, int], tuple[float, int, list[int] | None]] = {}  # (run, token):
+    # the last event's time, the returns in a row, the last old leaders
     n_evals = n_steps = 0
     for t_next in times[1:]:
         while t < t_next:
@@ -196,9 +197,10 @@ def integrate_events(switching: Switching, x0: np.ndarray, times: np.ndarray, dt
             mode = _switch(mode, x, t, events)
             for e in events[before:]:
                 key = (e[1], e[2])
-                t_last, count = recent.get(key, (-np.inf, 0))
-                recent[key] = (t, count + 1 if t - t_last <= dt else 0)
-                if recent[key][1] >= 5 or len(events) > max_events:
+                t_last, count, last_old = recent.get(key, (-np.inf, 0, None))
+                back = e[4] == last_old and t - t_last <= dt  # A -> B -> A within a step
+                recent[key] = (t, count + 1 if back else 0, e[3])
+                if recent[key][1] >= 3 or len(events) > max_events:
                     error = fail("method", "'events' on a flow it resolves (a token's "
                                  "leaders switching back and forth at one time, sliding "
                                  "other than on a pair of keys; at most "
