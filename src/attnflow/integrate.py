@@ -22,6 +22,8 @@ R^d (no retraction; the pre- and peri-LN schemes). Methods (``method=``):
 * ``"bdf"``, ``"radau"``, ``"lsoda"``: scipy's implicit (stiff) solvers, run by run, with the
   field's exact Jacobian when one is given (`attnflow.implicit`): for long horizons, where
   the contraction inside clusters limits every explicit method's step.
+* ``"events"``: hardmax models (beta = +-inf) only, integrated by `attnflow.events` through
+  `attnflow.simulate` (RK4 with every leader change located); `integrate` refuses it.
 
 Fixed-step methods divide each interval between consecutive save times into equal steps of
 size at most dt (exactly dt when the interval is a multiple of dt). A `splitting` (the
