@@ -43,7 +43,7 @@ CASES: list[tuple[str, Callable[[], object], str]] = [
     # ---- Attention: wrong types, non-finite and mis-shaped matrices, bad masks
     ("beta string", lambda: af.Attention(beta="hot"), "beta"),
     ("beta nan", lambda: af.Attention(beta=float("nan")), "beta"),
-    ("beta inf", lambda: af.Attention(beta=np.inf), "beta"),
+    ("beta inf with alibi", lambda: af.Attention(beta=np.inf, alibi=0.5), "beta"),
     ("beta None", lambda: af.Attention(beta=None), "beta"),
     ("Q with nan", lambda: af.Attention(Q=[[np.nan, 0], [0, 1]]), "Q"),
     ("K with inf", lambda: af.Attention(K=[[np.inf, 0], [0, 1]]), "K"),

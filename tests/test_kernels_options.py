@@ -180,7 +180,7 @@ def test_kernel_without_an_option_names_backend_and_option(name):
 
 def test_supports_table():
     assert SUPPORTS["dense"] == SUPPORTS["auto"] == {"bias", "unnormalised", "positional",
-                                                     "sinkhorn"}
+                                                     "sinkhorn", "hardmax"}
     assert set(SUPPORTS) == {"auto", "dense", "fused", "blocked", "torch", "harmonic"}
 
 

@@ -82,9 +82,18 @@ def number(name: str, value: Any, low: float = -np.inf, high: float = np.inf,
 
 
 def inverse_temperature(name: str, value: Any) -> float:
-    """An inverse temperature beta: a finite float of either sign (beta < 0 is repulsive
-    attention, docs/science.md §6)."""
-    return number(name, value, expected="a finite number (beta of either sign)")
+    """An inverse temperature beta: a float of either sign (beta < 0 is repulsive attention,
+    docs/science.md §6), or +-inf: hardmax attention (each token attends to the keys of
+    largest score, or of smallest at -inf; docs/science.md §11.6). The text "inf" is read
+    by the CLI and sweeps, not here (strings are refused as for any number)."""
+    expected = "a real number or +-inf (beta of either sign; inf: hardmax)"
+    if not isinstance(value, (bool, np.bool_, str, bytes)):
+        try:
+            if np.isinf(float(value)):
+                return float(value)
+        except (TypeError, ValueError):
+            pass
+    return number(name, value, expected=expected)
 
 
 def nonnegative(name: str, value: Any) -> float:

@@ -22,6 +22,8 @@ R^d (no retraction; the pre- and peri-LN schemes). Methods (``method=``):
 * ``"bdf"``, ``"radau"``, ``"lsoda"``: scipy's implicit (stiff) solvers, run by run, with the
   field's exact Jacobian when one is given (`attnflow.implicit`): for long horizons, where
   the contraction inside clusters limits every explicit method's step.
+* ``"events"``: hardmax models (beta = +-inf) only, integrated by `attnflow.events` through
+  `attnflow.simulate` (RK4 with every leader change located); `integrate` refuses it.
 
 Fixed-step methods divide each interval between consecutive save times into equal steps of
 size at most dt (exactly dt when the interval is a multiple of dt). A `splitting` (the
@@ -63,8 +65,9 @@ from attnflow.sphere import compiled_width, exp_map, inner, normalize, project
 
 Field = Callable[[np.ndarray], np.ndarray]
 
-METHODS = ("euler", "rk4", "geodesic", "dopri5", *IMPLICIT)
-FIXED_STEP = ("euler", "rk4", "geodesic")
+EVENTS = "events"  # hardmax (beta = +-inf) only: RK4 with located leader changes (events.py)
+METHODS = ("euler", "rk4", "geodesic", "dopri5", *IMPLICIT, EVENTS)
+FIXED_STEP = ("euler", "rk4", "geodesic", EVENTS)
 NOISY = ("euler", "geodesic")  # the methods that take noise
 SPHERE_ONLY = ("geodesic",)
 DEFAULT_DT = 0.05
@@ -504,6 +507,9 @@ def integrate(
 
 def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
            runs_independent, manifold, noise, splitting, grain) -> Solution:
+    if method == EVENTS:
+        raise fail("method", f"one of {METHODS[:-1]} here ({EVENTS!r} integrates hardmax "
+                   "models, through attnflow.simulate and attnflow.events)", repr(method))
     if not manifold.geodesic and method in SPHERE_ONLY:
         raise fail("method", f"a method for states in R^d (not {SPHERE_ONLY})", repr(method))
     if splitting is not None and (method != "euler" or noise is not None):

@@ -77,4 +77,9 @@ REFERENCES: dict[str, Reference] = {r.arxiv: r for r in (
     Reference("2510.20094", "On the Structure of Stationary Solutions to McKean-Vlasov "
               "Equations with Applications to Noisy Transformers",
               ("K. Balasubramanian", "S. Banerjee", "P. Rigollet")),
+    Reference("2508.09628", "Attention's forward pass and Frank-Wolfe",
+              ("A. Alcalde", "B. Geshkovski", "D. Ruiz-Balet")),
+    Reference("2407.01602", "Clustering in pure-attention hardmax transformers and its role "
+              "in sentiment analysis", ("A. Alcalde", "G. Fantuzzi", "E. Zuazua"),
+              "SIAM J. Math. Data Sci. 2025"),
 )}

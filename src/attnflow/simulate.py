@@ -12,9 +12,19 @@ import numpy as np
 from attnflow._checks import describe, fail, number, positive
 from attnflow._progress import progress_bar
 from attnflow.brownian import BrownianPath
+from attnflow.events import Switching, integrate_events
 from attnflow.family import Block, Model, Stack, segments
 from attnflow.implicit import IMPLICIT
-from attnflow.integrate import NOISY, Drift, Noise, check_solver_args, integrate
+from attnflow.integrate import (
+    DEFAULT_DT,
+    EVENTS,
+    NOISY,
+    Drift,
+    Noise,
+    check_solver_args,
+    integrate,
+)
+from attnflow.kernels import hardmax
 from attnflow.kernels.fused import tile_runs
 from attnflow.manifolds import SPHERE
 from attnflow.savetimes import is_generated
@@ -58,7 +68,10 @@ def simulate(
         times move to the nearest times on the step grid. t_end is always saved.
     method : "rk4" (default), "euler", "geodesic", "dopri5", or the implicit "bdf", "radau",
         "lsoda" for long horizons (see `attnflow.integrate`; these solve run by run with
-        the model's exact Jacobian where it has one, finite differences otherwise).
+        the model's exact Jacobian where it has one, finite differences otherwise), or
+        "events" for hardmax models (beta = +-inf, one head): RK4 steps of dt with every
+        leader change located and recorded (`attnflow.events`; the events are in
+        `Trajectory.integrator["events"]` as [t, run, token, old leaders, new leaders]).
         "euler" steps x <- normalize(x + dt attn(x)): with dt = 1, one post-LN layer; blocks
         in sequential form (an MLP after attention) only step with "euler" (their
         sublayers in turn: with dt = 1, the real network's layers).
@@ -93,6 +106,7 @@ def simulate(
         raise fail("method", "an explicit method for blocks with a feed-forward term outside "
                    "post-LN and flat (the implicit methods need the block's exact Jacobian, "
                    "which attnflow has for post-LN and flat blocks only)", repr(method))
+    _check_hardmax(model, method, noise)
     if not model.manifold.geodesic and method == "geodesic":
         raise fail("method", "a method for states in R^d (not 'geodesic', which needs the "
                    "sphere: norm 'post' or 'ngpt')", repr(method))
@@ -120,6 +134,8 @@ def simulate(
                   "n_steps": work["n_steps"], "n_rejected": work["n_rejected"]}
     if method in IMPLICIT:
         integrator["n_jacobians"] = work["n_jacobians"]
+    if method == EVENTS:
+        integrator["events"] = work["events"]
     if sigma is not None:
         integrator["noise"] = sigma
         integrator["brownian_dt"] = dt * 2**level
@@ -127,16 +143,29 @@ def simulate(
                       seed=seed, n_evals=work["n_evals"], wall_time=wall)
 
 
+COUNTS = ("n_evals", "n_steps", "n_rejected", "n_jacobians")  # an integrator's work
+
+
 def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifold, sigma,
                       path, level) -> tuple[np.ndarray, dict[str, int]]:
     """Integrate layer by layer, each piece with its own field, saving at `times`."""
     x = x0
     saved = [x0] if times[0] == 0 else []
-    work = dict.fromkeys(("n_evals", "n_steps", "n_rejected", "n_jacobians"), 0)
+    work: dict[str, Any] = {**dict.fromkeys(COUNTS, 0), "events": []}
     for a, b, layer in pieces:
         inside = times[(times > a) & (times <= b)]
         stops = inside if inside.size and inside[-1] == b else np.append(inside, b)
         if b == a:
+            continue
+        if method == EVENTS:
+            sol, events = integrate_events(_switching(layer), x, np.concatenate([[a], stops]),
+                                           DEFAULT_DT if dt is None else dt, report, manifold)
+            sol.states = sol.states[1:]
+            work["events"].extend([list(e) for e in events])
+            saved.extend(sol.states[: len(inside)])
+            x = sol.states[-1]
+            for key in COUNTS:
+                work[key] += getattr(sol, key)
             continue
         # One kernel for the whole piece (chosen for the batch, or for one run where the
         # implicit methods solve run by run).
@@ -151,9 +180,43 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
                         noise=noise, t0=a, grain=tile_runs(x.dtype, runs))
         saved.extend(sol.states[: len(inside)])
         x = sol.states[-1]
-        for key in work:
+        for key in COUNTS:
             work[key] += getattr(sol, key)
     return np.stack(saved), work
+
+
+def _check_hardmax(model: Model, method: str, noise: Any) -> None:
+    """The methods that apply to hardmax layers (beta = +-inf) and the models "events"
+    integrates (every layer hardmax with one head, continuous form, no noise)."""
+    explicit = "'events' (leader changes located) or an explicit method ('euler', 'rk4', " \
+               "'geodesic', 'dopri5')"
+    hard = [layer.attention.is_hardmax for layer in model.layers]
+    if any(hard) and method in IMPLICIT:
+        raise fail("method", f"{explicit} for hardmax attention (beta = +-inf: the field "
+                   "jumps where a token's leaders change, and has no Jacobian)", repr(method))
+    if method != EVENTS:
+        return
+    if not all(hard):
+        raise fail("method", "another method than 'events' for attention at a finite beta "
+                   "('events' locates the leader changes of hardmax, beta = +-inf)",
+                   f"beta = {[layer.beta for layer in model.layers][hard.index(False)]}")
+    for layer in model.layers:
+        if len(layer.heads) != 1 or (layer.form == "sequential" and layer.mlp is not None):
+            raise fail("model", "one head per layer in continuous form for method 'events' "
+                       "(each head would have leaders of its own)",
+                       f"{len(layer.heads)} heads, form {layer.form!r}")
+    if noise is not None:
+        raise fail("noise", "None with method 'events' (leader changes of a deterministic "
+                   "flow)", repr(noise))
+
+
+def _switching(layer: Block) -> Switching:
+    """The hardmax layer as the events method sees it: scores, tie rule, frozen field."""
+
+    def field(X: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        return layer.tangent_field(X, kernel=hardmax.Frozen(weights))
+
+    return Switching(scores=layer.hardmax_scores, leaders=hardmax.leaders, field=field)
 
 
 def _initial_tokens(model: Model, x0: Any, normalize: bool) -> np.ndarray:

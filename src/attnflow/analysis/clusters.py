@@ -46,8 +46,10 @@ def length_scale(beta: float) -> float:
 
 def default_cluster_tol(beta: float) -> float:
     """The package's default geodesic cluster tolerance (rad): `length_scale` / 4, that is
-    |beta|^{-1/2} / 4 for beta of either sign, capped at pi; 1e-2 when beta = 0."""
-    return min(float(np.pi), 0.25 * length_scale(beta)) if beta != 0 else 1e-2
+    |beta|^{-1/2} / 4 for beta of either sign (a quarter of the distance at which attraction
+    is strongest, docs/science.md §1), capped at pi; 1e-2 when beta = 0 or beta = +-inf
+    (hardmax: no length scale |beta|^{-1/2})."""
+    return min(float(np.pi), 0.25 * length_scale(beta)) if 0 < abs(beta) < np.inf else 1e-2
 
 
 @dataclass(frozen=True, repr=False)

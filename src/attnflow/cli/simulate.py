@@ -75,7 +75,8 @@ def simulate(
     n: int = typer.Option(200, min=1, help="Number of tokens."),
     d: int = typer.Option(2, min=2, help="Dimension: tokens live on S^{d-1} in R^d."),
     beta: float = typer.Option(None, help="Inverse temperature beta, of either sign (beta < 0:"
-                               " repulsive attention; default 64, 1 with --from-model)."),
+                               " repulsive attention; inf: hardmax, with --method events; "
+                               "default 64, 1 with --from-model)."),
     mask: str = typer.Option("causal", help="causal | full | window:W | FILE.npy (bool n x n)."),
     Q: str = typer.Option("identity", "--Q", help=f"Query matrix: {SPEC_HELP}."),
     K: str = typer.Option("identity", "--K", help=f"Key matrix: {SPEC_HELP}."),
@@ -83,7 +84,8 @@ def simulate(
     batch: int = typer.Option(1, min=1, help="Number of independent runs."),
     method: Method = typer.Option("rk4", help="Integrator: fixed-step rk4, euler, geodesic; "
                                   "adaptive dopri5; implicit bdf, radau, lsoda (long "
-                                  "horizons, a few thousand n*d per run at most)."),
+                                  "horizons, a few thousand n*d per run at most); events "
+                                  "(hardmax, --beta inf: leader changes located)."),
     dt: float = typer.Option(None, help="Step of fixed-step methods (default 0.05); "
                              "first step of the adaptive ones."),
     rtol: float = typer.Option(None, help="Relative tolerance of the adaptive methods "

@@ -42,7 +42,7 @@ from attnflow.family.positional import (
 )
 from attnflow.family.strength import Strength, as_strength
 from attnflow.family.weighting import Weighting, as_weighting
-from attnflow.kernels import SUPPORTS, Kernel, Memory, auto, get_kernel, options, supports
+from attnflow.kernels import SUPPORTS, Kernel, Memory, auto, get_kernel, hardmax, options, supports
 from attnflow.kernels.dense import attention_weights
 from attnflow.kernels.masks import (
     MaskSpec,
@@ -65,7 +65,10 @@ class SelfAttention:
     heads : a non-empty list of (Q, K, V) triples or (Q, K, V, O) quadruples
         (`attnflow.family.heads`); Q, K of shape (e, d) with one head size e per head, None
         the identity. Grouped-query heads share their K and V: pass the same arrays.
-    beta : inverse temperature, a finite number of either sign (beta < 0: repulsive).
+    beta : inverse temperature, a real number of either sign (beta < 0: repulsive), or +-inf:
+        hardmax attention (each token attends to its leaders, the keys of largest score,
+        of smallest at -inf; ties share; `attnflow.kernels.hardmax`), without score
+        biases, memory or another weighting.
     mask : "causal" (default), "full", ("window", w) (a causal sliding window of w tokens) or
         a boolean (n, n) array.
     memory : optional (points (m, d) on the sphere, weights (m,) > 0): fixed tokens every
@@ -167,6 +170,14 @@ class SelfAttention:
                        "stochastic matrix needs every token to see every token)",
                        f"mask {_mask_name(self.mask)!r}"
                        + (" with memory" if self.memory is not None else ""))
+        if self.is_hardmax:
+            other = sorted(self.options - {"hardmax"}) + (
+                ["memory"] if self.memory is not None else [])
+            if other:
+                raise fail("beta", "a finite beta with " + " and ".join(other) + " (at beta = "
+                           "+-inf, hardmax, a finite score bias or memory log-weight is "
+                           "negligible and unnormalised or Sinkhorn weights have no limit)",
+                           repr(self.beta))
         n = self.fixed_n
         if n is not None and self.memory is None:
             allowed = mask_matrix(self.mask, n)
@@ -203,15 +214,20 @@ class SelfAttention:
     @property
     def options(self) -> frozenset[str]:
         """The kernel options this sublayer needs ("bias", "unnormalised", "positional",
-        "sinkhorn")."""
+        "sinkhorn", "hardmax")."""
         bias = np.zeros(0) if any(e.adds_bias for e in self.encodings) else None
-        return options.needed(bias, self.normalization)
+        return options.needed(bias, self.normalization, self.beta)
+
+    @property
+    def is_hardmax(self) -> bool:
+        """True at beta = +-inf (hardmax attention)."""
+        return options.is_hardmax(self.beta)
 
     @property
     def has_exact_jacobian(self) -> bool:
-        """True when `jacobian_parts` is available: softmax, no positional encoding, no
-        QK-norm, no biases, no factored (Q, K, V, O) heads."""
-        return (self.normalization == "softmax" and not self.encodings
+        """True when `jacobian_parts` is available: softmax at a finite beta, no positional
+        encoding, no QK-norm, no biases, no factored (Q, K, V, O) heads."""
+        return (self.normalization == "softmax" and not self.encodings and not self.is_hardmax
                 and self.qk_norm is None and self.biases is None
                 and all(len(h) == 3 for h in self.heads))
 
@@ -356,6 +372,17 @@ class SelfAttention:
         if self.strength != 1.0:  # the strength scales the output and its derivative
             a, Da = self.strength * a, self.strength * Da
         return a, Da
+
+    def hardmax_scores(self, u: np.ndarray, head: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """At beta = +-inf: the signed scores sign(beta) <q_i, k_j> (..., n, n) of one head
+        at the inputs u (-inf where the mask forbids a key) and each row's tie tolerance
+        (..., n) (`attnflow.kernels.hardmax`)."""
+        positions = np.arange(u.shape[-2], dtype=float)
+        Q, K = self.heads[head][:2]
+        q, k = (self._query_key(u if M is None else u @ M.T, positions, which, head)
+                for M, which in ((Q, "q"), (K, "k")))
+        return (hardmax.scores(q, k, self.beta, self.mask),
+                hardmax.tie_tolerance(q, k, self.mask))
 
     def weights(self, u: np.ndarray, head: int = 0) -> np.ndarray:
         """The attention weights of one head (0-based), (..., n, n + m) (m memory columns

@@ -219,14 +219,21 @@ class Block:
             return None
         return tuple(drift for _, drift in self.sublayers(kernel))
 
+    def hardmax_scores(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """At beta = +-inf: the signed scores (..., n, n) of the (one) head at the sublayer
+        inputs of the state X, and each row's tie tolerance (..., n)
+        (`SelfAttention.hardmax_scores`; the events method's leaders)."""
+        return self.attention.hardmax_scores(self.scheme.inputs(X))
+
     def jacobian(self, X: Any) -> np.ndarray:
         """The exact Jacobian of `field` at X (..., n, d): shape (..., n, d, n, d), with
         [..., i, :, k, :] = dF_i/dx_k (dense, for the implicit methods). Available when
         `has_exact_jacobian`."""
         if not self.has_exact_jacobian:
-            raise fail("model", "post-LN softmax attention (or flat: no normalisation) "
-                       "without positional encodings or QK-norm (and an MLP in the same "
-                       "scheme) for the exact Jacobian", repr(self))
+            raise fail("model", "post-LN softmax attention (or flat: no normalisation) at a "
+                       "finite beta without positional encodings or QK-norm (and an MLP in the "
+                       "same scheme) for the exact Jacobian (at beta = +-inf the field jumps "
+                       "where leaders change: no Jacobian there)", repr(self))
         X = self.check_tokens(X)
         a, Da = self.attention.jacobian_parts(X)
         if self.mlp is not None:

@@ -48,8 +48,9 @@ def choose(q: np.ndarray, v: np.ndarray, bias: np.ndarray | LinearBias | None = 
            beta: float | None = None) -> Kernel:
     """The kernel `attend` uses for queries q (..., n, e) and values v (..., n, f), with the
     given score bias and normalization: never one that lacks an option the call needs. The
-    harmonic kernel is considered when the mask and beta are given."""
-    need = needed(bias, check_normalization(normalization))
+    harmonic kernel is considered when the mask and beta are given; beta = +-inf (hardmax)
+    goes to the dense kernel, the one with that option."""
+    need = needed(bias, check_normalization(normalization), beta)
     runs = int(np.prod(np.broadcast_shapes(q.shape[:-2], v.shape[:-2])))
     n = q.shape[-2]
     per_feature = 0.0  # tokens per harmonic feature, where the harmonic kernel may apply

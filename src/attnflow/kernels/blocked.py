@@ -174,7 +174,7 @@ def attend(
     from LONGER tokens on."""
     n, f = q.shape[-2], v.shape[-1]
     bias, normalization = check_options("blocked", SUPPORTS, n, mask, memory, bias,
-                                        normalization)
+                                        normalization, beta)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     if dtype not in (np.float32, np.float64):
         raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")

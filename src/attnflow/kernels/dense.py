@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
+from attnflow.kernels import hardmax
 from attnflow.kernels.masks import MaskSpec, mask_matrix
-from attnflow.kernels.options import ALL, check_options
+from attnflow.kernels.options import ALL, check_options, is_hardmax
 from attnflow.kernels.types import Memory, Normalization
 
 SUPPORTS = ALL  # every option (`attnflow.kernels.options`)
@@ -32,10 +33,15 @@ def attention_weights(
     Sinkhorn's doubly stochastic matrix (full mask, no memory).
 
     The softmax subtracts each row's maximum score (log-sum-exp), so huge beta stays finite;
-    unnormalised weights overflow to inf only where exp(s_ij) / N does.
+    unnormalised weights overflow to inf only where exp(s_ij) / N does. beta = +-inf gives
+    the hardmax weights (`attnflow.kernels.hardmax`: leaders share the row, ties within a
+    stated tolerance).
     """
     n = q.shape[-2]
-    bias, normalization = check_options("dense", SUPPORTS, n, mask, memory, bias, normalization)
+    bias, normalization = check_options("dense", SUPPORTS, n, mask, memory, bias, normalization,
+                                        beta)
+    if is_hardmax(beta):
+        return hardmax.leader_weights(q, k, beta, mask)
     return _weights(_scores(q, k, beta, mask, memory, bias),
                     _count(n, memory, mask, bias, normalization), normalization)
 
@@ -122,7 +128,8 @@ def attend(
     ----------
     q, k : (..., n, e) queries and keys (already multiplied by Q and K).
     v : (..., n, f) values (already multiplied by V).
-    beta : inverse temperature >= 0.
+    beta : inverse temperature, a real number, or +-inf for hardmax attention
+        (`attnflow.kernels.hardmax`; no bias, memory or other normalization then).
     mask : canonical mask spec (see `attnflow.kernels.masks`) over the n tokens.
     memory : optional fixed keys/values every token also attends to, with log multiplicities.
     bias : optional (n, n) score bias (finite or -inf), on the token block only.
@@ -132,7 +139,10 @@ def attend(
     Returns (..., n, f): for each query, the attention-weighted sum of the values.
     """
     n = q.shape[-2]
-    bias, normalization = check_options("dense", SUPPORTS, n, mask, memory, bias, normalization)
+    bias, normalization = check_options("dense", SUPPORTS, n, mask, memory, bias, normalization,
+                                        beta)
+    if is_hardmax(beta):
+        return hardmax.attend(q, k, v, beta, mask)
     if memory is not None:
         v = np.concatenate(
             [v, np.broadcast_to(memory.v, (*v.shape[:-2], *memory.v.shape))], axis=-2

@@ -339,10 +339,11 @@ def attend(
     inputs are float32, else float64. Returns (..., n, f).
     """
     n, e, f = q.shape[-2], q.shape[-1], v.shape[-1]
-    plain = bias is None and isinstance(normalization, str) and normalization == "softmax"
+    plain = (bias is None and isinstance(normalization, str) and normalization == "softmax"
+             and math.isfinite(beta))
     if not plain:
         bias, normalization = check_options("fused", SUPPORTS, n, mask, memory, bias,
-                                            normalization)
+                                            normalization, beta)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     if dtype not in (np.float32, np.float64):
         raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")

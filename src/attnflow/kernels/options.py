@@ -17,6 +17,10 @@
   - ("sinkhorn", iterations): `iterations` >= 1 times (normalise columns, then rows), in log
     space, on the full n x n block: rows sum to 1 exactly, columns to 1 in the limit (doubly
     stochastic, Sinkformers); only with the "full" mask and no memory.
+* hardmax: beta = +-inf (`attnflow.kernels.hardmax`: each row's leaders, ties sharing), the
+  limit of softmax attention; not an argument but the value of beta. It has no limit with
+  a score bias, memory tokens or another normalization (a finite bias or log-multiplicity
+  is negligible against an infinite beta), so these are refused with it.
 
 Each kernel module names the options it has in `SUPPORTS` (collected in
 `attnflow.kernels.SUPPORTS`); `check_options` raises a ValueError naming the backend and the
@@ -35,9 +39,10 @@ from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.types import Normalization
 
 __all__ = ["ALL", "LinearBias", "Normalization", "check_bias", "check_normalization",
-           "check_options", "needed"]
+           "check_options", "is_hardmax", "needed"]
 
-ALL = frozenset({"bias", "unnormalised", "positional", "sinkhorn"})  # beside plain softmax
+ALL = frozenset({"bias", "unnormalised", "positional", "sinkhorn",
+                 "hardmax"})  # beside plain softmax
 UNNORMALISED = ("unnormalised", "positional")  # rows not normalised by their scores' sum
 _EXPECTED = ("'softmax', 'unnormalised', 'positional' or ('sinkhorn', iterations) with an "
              "integer iterations >= 1")
@@ -97,26 +102,42 @@ def check_bias(bias: Any, n: int) -> np.ndarray | None:
     return arr
 
 
-def needed(bias: np.ndarray | None, normalization: Normalization) -> frozenset[str]:
-    """The options (names in `ALL`) a call with this bias (None or an array) and this
-    canonical normalization needs."""
+def is_hardmax(beta: Any) -> bool:
+    """True for beta = +inf or -inf (hardmax attention, `attnflow.kernels.hardmax`)."""
+    return isinstance(beta, (int, float, np.number)) and bool(np.isinf(beta))
+
+
+def needed(bias: np.ndarray | None, normalization: Normalization, beta: Any = None
+           ) -> frozenset[str]:
+    """The options (names in `ALL`) a call with this bias (None or an array), this
+    canonical normalization and this beta (None: any finite beta) needs."""
     opts = set() if bias is None else {"bias"}
+    if is_hardmax(beta):
+        opts.add("hardmax")
     if normalization != "softmax":
         opts.add(normalization if isinstance(normalization, str) else normalization[0])
     return frozenset(opts)
 
 
 def check_options(backend: str, supports: frozenset[str], n: int, mask: MaskSpec,
-                  memory: Any, bias: Any, normalization: Any
+                  memory: Any, bias: Any, normalization: Any, beta: Any = None
                   ) -> tuple[np.ndarray | None, Normalization]:
-    """Validate a kernel call's bias and normalization for n tokens; returns them canonical.
+    """Validate a kernel call's bias and normalization for n tokens (and beta, when given:
+    +-inf is hardmax); returns them canonical.
 
     Raises ValueError when the kernel `backend` lacks an option the call needs (naming both),
-    or for sinkhorn with a mask other than "full" or with memory tokens.
+    for sinkhorn with a mask other than "full" or with memory tokens, and for hardmax with
+    a bias, memory or another normalization.
     """
     normalization = check_normalization(normalization)
     bias = check_bias(bias, n)
-    missing = needed(bias, normalization) - supports
+    need = needed(bias, normalization, beta)
+    if "hardmax" in need and (len(need) > 1 or memory is not None):
+        others = sorted(need - {"hardmax"}) + (["memory"] if memory is not None else [])
+        raise fail("beta", "a finite beta with " + " and ".join(others) + " (at beta = +-inf, "
+                   "hardmax, a finite score bias or memory log-weight is negligible and "
+                   "unnormalised or Sinkhorn weights have no limit)", repr(beta))
+    missing = need - supports
     if missing:
         raise fail("backend", f"a kernel with the option(s) {sorted(missing)} (backend "
                    f"{backend!r} has {sorted(supports)}; 'dense' has them all)", repr(backend))

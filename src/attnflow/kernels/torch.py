@@ -87,7 +87,7 @@ def attend(
     import torch
 
     bias, normalization = check_options("torch", SUPPORTS, q.shape[-2], mask, memory, bias,
-                                        normalization)
+                                        normalization, beta)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
     q, k, v = (torch.from_numpy(np.ascontiguousarray(a, dtype)) for a in (q, k, v))
     return attend_tensor(q, k, v, beta, mask, memory, bias).numpy()

@@ -40,6 +40,14 @@ def real(lo: float, strict: bool) -> Check:
     return check
 
 
+def beta_value(name: str, v: Any) -> float:
+    """beta: a number of either sign, or +-inf (hardmax attention; TOML's `inf`, the texts
+    "inf", "+inf", "-inf"), checked by `attnflow._checks.inverse_temperature`."""
+    if isinstance(v, str) and v.strip().lower() in ("inf", "+inf", "-inf"):
+        return -math.inf if v.strip().startswith("-") else math.inf
+    return inverse_temperature(name, v)
+
+
 def integer(lo: int) -> Check:
     """A checker of integers >= lo."""
     def check(name: str, v: Any) -> int:
@@ -126,7 +134,7 @@ def axes() -> dict[str, tuple[Check, Any]]:
     the simulate or model default, not recorded)."""
     return {
     "model": (_model_file, None),
-    "beta": (inverse_temperature, REQUIRED),
+    "beta": (beta_value, REQUIRED),
     "n": (integer(1), REQUIRED),
     "d": (integer(2), REQUIRED),
     "mask": (_mask_text, "causal"),
