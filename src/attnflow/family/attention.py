@@ -290,8 +290,8 @@ class SelfAttention:
         e = max(self.head_size(Q, K, X.shape[-1]) for Q, K, *_ in self.heads)
         q = np.broadcast_to(np.zeros((), X.dtype), (*X.shape[:-1], e))
         return auto.choose(q, X, bias=self.score_bias(X.shape[-2], 0),
-                           normalization=self.normalization, mask=self.mask,
-                           beta=self.beta if unit_tokens else None)
+                           normalization=self.normalization,
+                           mask=self.mask if unit_tokens else None, beta=self.beta)
 
     def output(self, u: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
         """A: the sum (or mean) over heads of the attention-weighted values at the inputs

@@ -74,12 +74,14 @@ def harmonic_or_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float
                         bias: np.ndarray | LinearBias | None = None,
                         normalization: Normalization = "softmax") -> np.ndarray:
     """The harmonic kernel (default tolerance) where `harmonic.check` accepts the call (its
-    queries' and keys' norms are only known here), else the blocked kernel."""
+    queries' and keys' norms are only known here), else the blocked kernel, or the dense one
+    for the options blocked lacks (unnormalised, positional weights)."""
     try:
         harmonic.check(q, k, mask, bias, normalization)
     except ValueError:
-        return blocked.attend(q, k, v, beta, mask, memory, bias=bias,
-                              normalization=normalization)
+        fallback = (blocked.attend if needed(bias, check_normalization(normalization), beta)
+                    <= blocked.SUPPORTS else dense.attend)
+        return fallback(q, k, v, beta, mask, memory, bias=bias, normalization=normalization)
     return harmonic.attend(q, k, v, beta, mask, memory, bias, normalization)
 
 
