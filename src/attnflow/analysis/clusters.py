@@ -40,8 +40,9 @@ def length_scale(beta: float) -> float:
     """The angular width |beta|^{-1/2} (rad) of the attention kernel e^{beta cos theta}: for
     beta > 0 the distance at which attraction is strongest (docs/science.md §1: tau ~
     beta^{-1/2}); for beta < 0 (repulsive) the width of the kernel's peak about the antipode,
-    the same length. Infinite at beta = 0 (a flat kernel has no length scale)."""
-    return abs(beta) ** -0.5 if beta != 0 else math.inf
+    the same length. Infinite at beta = 0 and at beta = +-inf: a flat kernel and hardmax's
+    (docs/science.md §11.6) have no length scale."""
+    return abs(beta) ** -0.5 if 0 < abs(beta) < math.inf else math.inf
 
 
 def default_cluster_tol(beta: float) -> float:

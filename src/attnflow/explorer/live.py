@@ -95,7 +95,12 @@ def _settings(value: Any) -> dict[str, Any]:
         raise fail("seed", "an integer >= 0", repr(seed))
     if value["mask"] not in MASKS:
         raise fail("mask", f"one of {', '.join(MASKS)}", repr(value["mask"]))
-    return {"beta": inverse_temperature("beta", value["beta"]), "mask": value["mask"], "n": int(n),
+    beta = inverse_temperature("beta", value["beta"])
+    if not np.isfinite(beta):
+        raise fail("beta", "a finite beta (the live explorer simulates with RK4; hardmax "
+                   "runs need method 'events': simulate them and explore the Trajectory)",
+                   repr(value["beta"]))
+    return {"beta": beta, "mask": value["mask"], "n": int(n),
             "seed": int(seed)}
 
 

@@ -103,11 +103,12 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
         q = np.round((P + 1.0) / 2.0 * (_LEVELS - 1))
     frames = np.ascontiguousarray(q.astype("<u2"))
     causal = bool(traj.model.is_causal)
-    delta = min(float(np.pi), 4.0 * length_scale(beta[0]))  # pi at beta = 0
+    delta = min(float(np.pi), 4.0 * length_scale(beta[0]))  # pi at beta = 0 and +-inf
     return {
         "format": FORMAT, "view": view, "n": traj.n, "d": traj.d, "k": frames.shape[-1],
         "frames": base64.b64encode(frames.tobytes()).decode("ascii"),
-        "times": times.tolist(), "beta": beta.tolist(), "tol": tol.tolist(),
+        "times": times.tolist(), "tol": tol.tolist(),
+        "beta": [b if np.isfinite(b) else None for b in beta.tolist()],  # null: hardmax
         "clusters": counts.tolist(), "order": order.tolist(),
         "causal": causal, "mask": str(getattr(layers[0], "mask", "")), "model": repr(traj.model),
         "projection": projection, "delta": float(delta),
@@ -147,7 +148,8 @@ def _attention(traj: Trajectory, X0: np.ndarray, projection: str) -> dict[str, A
     model's attention matrix (one layer, one head, no memory; checked on the first frame
     X0 (n, d)), for n <= ATTENTION_MAX_N tokens drawn unprojected; else None."""
     layers = traj.model.layers
-    if projection or traj.n > ATTENTION_MAX_N or len(layers) != 1 or len(layers[0].heads) != 1:
+    if (projection or traj.n > ATTENTION_MAX_N or len(layers) != 1 or len(layers[0].heads) != 1
+            or not np.isfinite(layers[0].beta)):  # hardmax: no softmax matrix to draw
         return None
     layer = layers[0]
     Q, K = (np.eye(traj.d) if M is None else np.asarray(M, dtype=float)

@@ -28,10 +28,10 @@ from attnflow.family import Attention, Block
 
 __all__ = ["MeanFieldModel"]
 
-SUPPORTED = ("an attnflow.Attention block (or its keyword arguments) with d = 2, one (Q, K, V) "
-             "head whose Q^T K is a multiple of an orthogonal matrix, any V, mask 'full' or "
-             "'causal', attention 'softmax' or 'unnormalised', norm 'post', no memory, "
-             "positional encodings, QK-norm, projection biases or MLP")
+SUPPORTED = ("an attnflow.Attention block (or its keyword arguments) with d = 2, a finite "
+             "beta, one (Q, K, V) head whose Q^T K is a multiple of an orthogonal matrix, any "
+             "V, mask 'full' or 'causal', attention 'softmax' or 'unnormalised', norm 'post', "
+             "no memory, positional encodings, QK-norm, projection biases or MLP")
 
 
 MAX_B = 700.0  # the largest |beta c| of unnormalised weights, whose kernel is e^(b cos)
@@ -80,6 +80,7 @@ class MeanFieldModel:
                  att.mask if isinstance(att.mask, (str, tuple)) else "a boolean array")
         _require(att.weighting.method in ("softmax", "unnormalised"), "attention",
                  att.weighting.method)
+        _require(bool(np.isfinite(att.beta)), "beta", att.beta)
         Q, K, V = att.heads[0]
         B = (np.eye(2) if Q is None else Q).T @ (np.eye(2) if K is None else K)
         c = float(np.sqrt(abs(np.linalg.det(B))))

@@ -119,8 +119,7 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
                 new = march.step(c, h)
                 n_steps += 1
                 if not np.all(np.isfinite(new)):
-                    raise NonFiniteStateError(
-                        f"mean-field state non-finite at t = {t0 + (i + 1) * h:g}")
+                    raise NonFiniteStateError(t0 + (i + 1) * h, [(0,)])
                 if march.resolved(new, tol):
                     c, t = new, (t0 + (i + 1) * h if i < m - 1 else float(t1))
                 elif refine_to is not None and 2 * march.modes <= refine_to:

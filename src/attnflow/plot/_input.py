@@ -117,8 +117,9 @@ def _delta(beta: float, delta: float | None) -> float:
     (for |beta| < 16 / pi^2 the ball is the whole sphere)."""
     if delta is not None:
         return positive("delta", delta)
-    if beta == 0:
-        raise fail("delta", "a radius (the default 4 |beta|^{-1/2} needs beta != 0)", "None")
+    if not 0 < abs(beta) < np.inf:
+        raise fail("delta", "a radius (the default 4 |beta|^{-1/2} needs a finite beta != 0)",
+                   "None")
     return min(float(np.pi), 4.0 * length_scale(beta))
 
 

@@ -40,7 +40,7 @@ class Keep:
 
     def radii(self, beta: float) -> Radii:
         """Cluster tolerance, Rényi radius delta and consumption radius r at beta (rad)."""
-        scale = length_scale(beta)  # |beta|^{-1/2}, either sign; inf at beta = 0
+        scale = length_scale(beta)  # |beta|^{-1/2}, either sign; inf at beta = 0, +-inf
         tol = self.cluster_tol if self.cluster_tol is not None else default_cluster_tol(beta)
         return {"tol": min(math.pi, tol), "delta": min(math.pi, self.delta_scale * scale),
                 "r": min(math.pi, self.r_scale * scale)}
@@ -48,9 +48,9 @@ class Keep:
     def describe_radii(self) -> str:
         """The radii in words (the store's ``radii`` attribute)."""
         tol = f"{self.cluster_tol:g} rad" if self.cluster_tol is not None \
-            else "|beta|^-1/2 / 4 (1e-2 rad if beta = 0)"
+            else "|beta|^-1/2 / 4 (1e-2 rad if beta = 0 or +-inf)"
         return (f"cluster_tol = {tol}; delta = {self.delta_scale:g} |beta|^-1/2; "
-                f"r = {self.r_scale:g} |beta|^-1/2 (radii capped at pi)")
+                f"r = {self.r_scale:g} |beta|^-1/2 (radii capped at pi; pi at beta = 0, +-inf)")
 
 
 def _max_distance_to_first(states: np.ndarray, x0: np.ndarray, radii: Radii) -> np.ndarray:
