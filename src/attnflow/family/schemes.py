@@ -216,6 +216,9 @@ class Peri(Pre):
     def idealised(self) -> bool:
         return isinstance(self.norm, Direction) and isinstance(self.out_norm, Direction)
 
+    def check_attention(self, attention):
+        _refuse_strength(attention, self.kind)
+
 
 @dataclass(frozen=True, eq=False)
 class NGPT(Scheme):
@@ -238,6 +241,9 @@ class NGPT(Scheme):
 
     def text(self) -> str:
         return f"ngpt:{self.alpha!r}"
+
+    def check_attention(self, attention):
+        _refuse_strength(attention, self.kind)
 
 
 @dataclass(frozen=True, eq=False)
@@ -269,6 +275,14 @@ class Flat(Scheme):
             raise fail("backend", "a kernel for queries and keys of any norm with norm 'flat' "
                        "(the harmonic kernels need queries and keys of one norm: unit tokens)",
                        repr(attention.backend))
+
+
+def _refuse_strength(attention: Any, scheme: str) -> None:
+    """Peri-LN and nGPT normalise the sublayer's output, so a strength K != 1 would cancel."""
+    if attention.strength != 1.0:
+        raise fail("strength", f"1 with norm '{scheme}' (the scheme normalises the attention "
+                   "output, so the factor K would cancel: use post, pre or flat)",
+                   repr(attention.strength))
 
 
 SCHEMES: dict[str, type[Scheme]] = {cls.kind: cls for cls in (Post, Pre, Peri, NGPT, Flat)}

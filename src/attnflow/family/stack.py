@@ -49,7 +49,7 @@ class Stack:
         manifolds = {layer.manifold for layer in layers}
         if len(manifolds) > 1:
             raise fail("layers", "layers on one state space (norm 'post'/'ngpt': the sphere; "
-                       "'pre'/'peri': R^d)", f"norms {[layer.norm for layer in layers]}")
+                       "'pre'/'peri'/'flat': R^d)", f"norms {[layer.norm for layer in layers]}")
         ns = {layer.fixed_n for layer in layers if layer.fixed_n is not None}
         if len(ns) > 1:
             raise fail("layers", "masks and biases for one number of tokens n",

@@ -101,6 +101,8 @@ def _family_text(option: str) -> Check:
     """A checker of one of the model family's text options (`attnflow.family.text`)."""
 
     def check(name: str, v: Any) -> str:
+        if is_number(v):  # a number is its text form (strength = 2, alibi = 0.5)
+            v = repr(float(v))
         # (random MLP weights are drawn for a token dimension of 2 only to check the text)
         family_options(**{option: text(name, v)}, names={option: name}, d=2)
         return v.strip()
