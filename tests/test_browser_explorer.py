@@ -233,3 +233,111 @@ def test_trace_page_without_patterns_says_so(driver, trace_pages):
     assert "no attention patterns" in driver.find_element("id", "af-no-attn").text
     assert driver.find_elements("id", "af-pattern") == []
     assert _errors(driver) == []
+
+
+# ----- hostile strings (issue 44): a model name or token text holding "<!--<script>" or
+# "</script>" must neither end the page's data block nor swallow its module script
+
+PAYLOADS = ["<!--<script>", "</script><b id='pwned'>x</b>", "a & b > c \u2028 <!-- -->"]
+
+
+def _hostile_pages(out):
+    from attnflow.explorer.page import page_html
+    from attnflow.pretrained.trace import trace_dataset
+
+    rng = np.random.default_rng(1)
+    L, n, d = 2, 6, 8
+    pre = rng.normal(size=(L, n, d))
+    labels = [PAYLOADS[i % 3] + str(i) for i in range(n)]
+    ds = trace_dataset(pre, pre + rng.normal(size=(L, n, d)), np.arange(n), str_tokens=labels,
+                       attrs={"model": PAYLOADS[0] + " " + PAYLOADS[1]})
+    trace_page = af.explore_html(ds, out / "trace.html", title=PAYLOADS[0])
+    X = af.sphere.uniform(30, 3, seed=0)
+    packed = af.explorer.pack(af.Trajectory(times=[0.0, 1.0], states=np.stack([X, X]),
+                                            model=af.Attention(beta=9.0), integrator={}))
+    packed["model"] = " ".join(PAYLOADS)
+    run_page = out / "run.html"
+    run_page.write_text(page_html(packed, title=PAYLOADS[1]))
+    return {"trace": (trace_page, labels, ds.attrs), "run": (run_page, None, None)}
+
+
+def test_hostile_strings_stay_text_and_the_module_runs(driver, tmp_path):
+    for name, (page, labels, _) in _hostile_pages(tmp_path).items():
+        _open(driver, page)
+        state = driver.execute_script(
+            "const el = document.getElementById('af-explorer');"
+            "const c = document.getElementById('af-main');"
+            "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+            "let ink = 0; for (let i = 0; i < d.length; i += 4) if (d[i] < 200) ink++;"
+            "return {drawn: Number(el.dataset.drawn || 0), ink,"
+            "        scripts: document.scripts.length,"
+            "        pwned: document.querySelectorAll('#pwned').length,"
+            "        text: el.textContent, title: document.querySelector('h1').textContent,"
+            "        labels: JSON.parse(document.getElementById('af-data').textContent)"
+            "                .data.labels};")
+        assert state["drawn"] >= 1 and state["ink"] > 300, name  # the module ran and drew
+        assert state["scripts"] == 2 and state["pwned"] == 0, name
+        assert state["labels"] == labels, name
+        model = PAYLOADS[0] + " " + PAYLOADS[1] if name == "trace" else " ".join(PAYLOADS)
+        assert model in state["text"], name  # shown as text
+        assert state["title"] == (PAYLOADS[0] if name == "trace" else PAYLOADS[1])
+        assert _errors(driver) == [], name
+
+
+# ----- the sphere's guides (issue 42): the equator and the meridian through x1 drawn as
+# the projected great circles at every n (they broke into chords through the centre for
+# n < 97: the guide's 97 points were projected only as far as the token count)
+
+def _great_circles(elev, azim):
+    """Screen points (x right, y down, unit radius) and depth of the equator and of the
+    meridian through x1, under the page's orthographic camera [elevation, azimuth]."""
+    a = np.linspace(0, 2 * np.pi, 2000)
+    el, az = np.radians([elev, azim])
+    out = []
+    for x, y, z in ((np.cos(a), np.sin(a), 0 * a), (np.cos(a), 0 * a, np.sin(a))):
+        x1, y1 = np.cos(az) * x - np.sin(az) * y, np.sin(az) * x + np.cos(az) * y
+        out.append((x1, -(np.cos(el) * z - np.sin(el) * y1), np.cos(el) * y1 + np.sin(el) * z))
+    return out
+
+
+@pytest.mark.parametrize("n", [50, 5000])
+def test_sphere_guides_lie_on_the_projected_great_circles(driver, tmp_path, n):
+    import base64
+    import io
+
+    from PIL import Image
+    from scipy.spatial import cKDTree
+
+    u = np.ones(3) / np.sqrt(3)  # every token at one point, off both guides
+    X = np.broadcast_to(u, (2, n, 3))
+    traj = af.Trajectory(times=[0.0, 1.0], states=X, model=af.Attention(beta=9.0),
+                         integrator={})
+    _open(driver, af.explore_html(traj, tmp_path / f"guides{n}.html"))
+    url, css = driver.execute_script("const c = document.getElementById('af-main');"
+                                     "return [c.toDataURL(), c.getBoundingClientRect().width];")
+    img = np.asarray(Image.open(io.BytesIO(base64.b64decode(url.split(",")[1]))).convert("RGB"),
+                     dtype=float)
+    scale = img.shape[1] / css
+    c, R = css / 2 * scale, 0.44 * css * scale
+    (ex, ey, ez), (mx, my, mz) = _great_circles(20.0, -60.0)
+    el, az = np.radians([20.0, -60.0])
+    tx, ty = np.cos(az) * u[0] - np.sin(az) * u[1], np.sin(az) * u[0] + np.cos(az) * u[1]
+    marker = np.array([c + R * tx, c - R * (np.cos(el) * u[2] - np.sin(el) * ty)])
+    rows, cols = np.indices(img.shape[:2])
+    r_, g_, b_ = img[..., 0], img[..., 1], img[..., 2]
+    inside = np.hypot(cols - c, rows - c) < R - 3
+    clear = np.hypot(cols - marker[0], rows - marker[1]) > 0.2 * R  # the tokens' marker
+    guide = inside & clear & (b_ - r_ >= 10) & (r_ >= 150) & (g_ >= 150)  # the grey-blue guide
+    curve = np.concatenate([np.stack([c + R * ex, c + R * ey], 1),
+                            np.stack([c + R * mx, c + R * my], 1)])
+    ys, xs = np.nonzero(guide)
+    dist, _ = cKDTree(curve).query(np.stack([xs, ys], 1))
+    assert len(xs) > 2 * R and dist.max() <= 2.5 * scale, \
+        f"{np.count_nonzero(dist > 2.5 * scale)} guide pixels off the great circles"
+    # and the near halves (solid) are drawn along their whole length
+    front = np.concatenate([ez, mz]) > 0.05
+    pts = curve[front]
+    pts = pts[(np.hypot(*(pts - c).T) < R - 4) & (np.hypot(*(pts - marker).T) > 0.25 * R)]
+    near, _ = cKDTree(np.stack([xs, ys], 1)).query(pts)
+    assert np.mean(near <= 1.5 * scale) > 0.97
+    assert _errors(driver) == []

@@ -137,3 +137,20 @@ def test_one_run_of_a_batch_and_the_directions_of_pre_ln_states():
     pre = af.Trajectory(times=traj.times, states=3.0 * traj.states,  # pre-LN: off the sphere
                         model=af.Attention(beta=9.0, mask="causal", norm="pre"), integrator={})
     assert pack(pre)["frames"] == pack(traj)["frames"]
+
+
+def test_the_page_data_block_holds_no_character_that_can_end_or_open_a_script(tmp_path):
+    import json
+    import re
+
+    from attnflow.explorer.page import page_html
+
+    packed = pack(_run(8, 2))
+    hostile = "<!--<script></script>&>\u2028\u2029é"
+    packed["model"] = hostile
+    page = page_html(packed, title=hostile)
+    block = re.search(r'<script type="application/json" id="af-data">(.*?)</script>', page,
+                      re.S).group(1)
+    assert not set(block) & set("<>&\u2028\u2029")
+    assert json.loads(block)["data"]["model"] == hostile
+    assert page.count("<script") == 2 and "<!--" not in page

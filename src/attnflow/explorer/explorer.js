@@ -299,7 +299,7 @@ function mount(model, el) {
     }
     const [el_, az_] = camera().map((v) => (v * Math.PI) / 180);
     const ca = Math.cos(az_), sa = Math.sin(az_), ce = Math.cos(el_), se = Math.sin(el_);
-    for (let j = 0; j < n; j++) {
+    for (let j = 0; j < count; j++) {
       const x = P[3 * j], y = P[3 * j + 1], z = P[3 * j + 2];
       const x1 = ca * x - sa * y, y1 = sa * x + ca * y; // turn about z (azimuth)
       S[3 * j] = x1;

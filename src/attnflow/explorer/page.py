@@ -17,7 +17,13 @@ from attnflow.explorer.pack import pack
 from attnflow.explorer.tracepack import is_trace, pack_trace
 from attnflow.trajectory import Trajectory
 
-__all__ = ["explore_html", "module_source", "packed_for", "page_html"]
+__all__ = ["explore_html", "module_source", "packed_for", "page_html", "script_json"]
+
+# Characters a JSON text inside <script> must not carry literally: "<" could end the script
+# ("</script") or open a comment that swallows the next one ("<!--<script"), ">" and "&" are
+# escaped with it as is usual, and U+2028/2029 end lines in older JavaScript. Each becomes
+# its JSON escape \uXXXX, which JSON.parse reads back as the same character.
+_SCRIPT_UNSAFE = {ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"}
 
 # The page's `model`: a plain object with anywidget's methods, whose `set` calls the
 # listeners of "change:<key>" at once (a page has no kernel to sync with).
@@ -90,12 +96,18 @@ def page_html(packed: dict[str, Any], title: str = "attnflow explorer") -> str:
     """The page's HTML for the output of `attnflow.explorer.pack` (the first frame shown,
     tokens coloured by index)."""
     state = {"data": packed, "frame": 0, "color": "index", "camera": [20.0, -60.0]}
-    # "</" never ends the inline script early: JSON allows "<\\/" for it.
-    text = json.dumps(state, separators=(",", ":")).replace("</", "<\\/")
     module = module_source()
-    if "</script" in module.lower():
-        raise fail("explorer.js", "a module without '</script'", "one with it")
-    return _PAGE.format(title=html.escape(title), state=text, module=module, shim=_SHIM)
+    if "</script" in module.lower() or "<!--" in module:
+        raise fail("explorer.js", "a module without '</script' or '<!--'", "one with it")
+    return _PAGE.format(title=html.escape(title), state=script_json(state), module=module,
+                        shim=_SHIM)
+
+
+def script_json(value: Any) -> str:
+    """value as JSON text safe inside an HTML <script> element: no string in it can end the
+    script or open one (every "<", ">", "&", U+2028 and U+2029 written as \\uXXXX, which
+    JSON.parse decodes to the same text)."""
+    return json.dumps(value, separators=(",", ":")).translate(_SCRIPT_UNSAFE)
 
 
 def explore_html(traj: Trajectory | Any, path: str | os.PathLike, *, run: int = 0,
