@@ -62,9 +62,14 @@ def _shown(driver):
         "        document.getElementById('af-clusters').textContent];")
 
 
-def _slide(driver, i):
-    driver.execute_script("const s = document.getElementById('af-slider'); s.value = arguments[0];"
-                          "s.dispatchEvent(new Event('input'));", i)
+def _slide(driver, i, at=None):
+    """Move the slider to frame i's time on a linear axis (or to the position `at` in [0, 1])."""
+    driver.execute_script(
+        "const s = document.getElementById('af-slider');"
+        "const t = JSON.parse(document.getElementById('af-data').textContent).data.times;"
+        "const at = arguments[1] === null ?"
+        "  (t[arguments[0]] - t[0]) / (t[t.length - 1] - t[0]) : arguments[1];"
+        "s.value = Math.round(Number(s.max) * at); s.dispatchEvent(new Event('input'));", i, at)
 
 
 def _errors(driver):

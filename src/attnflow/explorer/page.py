@@ -69,15 +69,16 @@ h1{{font:600 16px system-ui,sans-serif;margin:0 0 4px}}
 
 def packed_for(obj: Trajectory | Any, *, run: int = 0, view: str | None = None,
                basis: Any = None, attention: bool | None = None,
-               onto: str = "pca") -> dict[str, Any]:
+               onto: str = "pca", density: bool | None = None) -> dict[str, Any]:
     """`pack` of a Trajectory or `pack_trace` of a trace (dispatch on the type). For a
     Trajectory, attention=True asks for the attention matrix (an error when the page cannot
-    compute it) and onto must be "pca"."""
+    compute it), onto must be "pca", and density is pack's (binned densities instead of
+    points: None by n)."""
     if is_trace(obj):
         return pack_trace(obj, view=view, basis=basis, onto=onto, attention=attention)
     if onto != "pca":
         raise fail("onto", "'pca' for a simulated run ('sphere' is for traces)", repr(onto))
-    packed = pack(obj, run=run, view=view, basis=basis)
+    packed = pack(obj, run=run, view=view, basis=basis, density=density)
     if attention and packed["attention"] is None:
         raise fail("attention", "a run whose attention matrix the page computes (n <= 400 "
                    "tokens of one layer with one head, no memory, d <= 3)",
@@ -112,7 +113,8 @@ def script_json(value: Any) -> str:
 
 def explore_html(traj: Trajectory | Any, path: str | os.PathLike, *, run: int = 0,
                  view: str | None = None, basis: Any = None, title: str | None = None,
-                 attention: bool | None = None, onto: str = "pca") -> Path:
+                 attention: bool | None = None, onto: str = "pca",
+                 density: bool | None = None) -> Path:
     """Write the explorer of one run, or of a trace of a real model, as one self-contained
     HTML page (opens from disk, no network), atomically; return its path.
 
@@ -124,15 +126,19 @@ def explore_html(traj: Trajectory | Any, path: str | os.PathLike, *, run: int = 
         or the trace's patterns cannot be shown, naming what is missing), False (not shown).
     path : the page to write (a name ending in .html).
     title : the page's heading; default the model's short repr and n.
+    density : None (points up to `attnflow.explorer.pack.DENSITY_N` tokens, binned densities
+        above), True (densities), False (points, whatever n); simulated runs only.
 
     The page holds 2 bytes per token and coordinate per frame in base64 (8/3 characters)
     plus 20-35 kB of module and series: a 1000-token run on the sphere with 200 frames is
-    1.6 MB.
+    1.6 MB. A page of binned densities holds 5.5 kB a frame on the circle and at most some
+    80 kB a frame on the sphere, whatever n.
     """
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         raise fail("path", "a file name ending in .html", str(path))
-    packed = packed_for(traj, run=run, view=view, basis=basis, attention=attention, onto=onto)
+    packed = packed_for(traj, run=run, view=view, basis=basis, attention=attention, onto=onto,
+                        density=density)
     if title is None:
         title = (f"attnflow explorer: {packed['model']}, {packed['n']} tokens, "
                  f"{len(packed['times']) - 1} layers" if is_trace(traj) else
