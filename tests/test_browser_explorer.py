@@ -346,3 +346,102 @@ def test_sphere_guides_lie_on_the_projected_great_circles(driver, tmp_path, n):
     near, _ = cKDTree(np.stack([xs, ys], 1)).query(pts)
     assert np.mean(near <= 1.5 * scale) > 0.97
     assert _errors(driver) == []
+
+
+# ----- markers by mass, the time axis, densities (issue 42)
+
+
+def _png(driver):
+    import base64
+    import io
+
+    from PIL import Image
+
+    url, css = driver.execute_script("const c = document.getElementById('af-main');"
+                                     "return [c.toDataURL(), c.getBoundingClientRect().width];")
+    img = Image.open(io.BytesIO(base64.b64decode(url.split(",")[1]))).convert("RGB")
+    img = np.asarray(img, dtype=float)
+    return img, img.shape[1] / css, css
+
+
+def test_a_cluster_marker_covers_its_tokens_ink(driver, tmp_path):
+    # 25 tokens at one point and 25 apart (19 px from each other): the cluster's marker
+    # covers 25 single tokens' area. A pixel's coverage by a marker is its chroma (its
+    # colour less its grey part) over the marker's: white and the grey circle have none.
+    theta = np.concatenate([np.zeros(25), np.linspace(0.6 * np.pi, 1.4 * np.pi, 25)])
+    X = np.stack([np.cos(theta), np.sin(theta)], axis=-1)
+    traj = af.Trajectory(times=[0.0, 1.0], states=np.stack([X, X]),
+                         model=af.Attention(beta=9.0, mask="full"), integrator={})
+    _open(driver, af.explore_html(traj, tmp_path / "cluster.html"))
+    img, scale, css = _png(driver)
+    c, R = css / 2 * scale, 0.38 * css * scale
+    rows, cols = np.indices(img.shape[:2])
+    chroma = np.linalg.norm(img - img.mean(axis=-1, keepdims=True), axis=-1)
+
+    def area(angle, radius):
+        """The marker's area (CSS px^2) about the point of the circle at angle."""
+        x, y = c + R * np.cos(angle), c - R * np.sin(angle)
+        near = np.hypot(cols - x, rows - y) <= radius * scale
+        return chroma[near].sum() / chroma[int(round(y)), int(round(x))] / scale ** 2
+
+    single = [area(a, 6) for a in theta[25:]]
+    assert np.allclose(single, 25, rtol=0.05)  # a token: 5 x 5 px
+    assert area(0.0, 22) == pytest.approx(25 * 25, rel=0.05)  # a disc of 25 tokens' area
+    assert _errors(driver) == []
+
+
+def test_long_runs_get_a_log_time_axis_and_the_slider_moves_by_time(driver, tmp_path):
+    from selenium.webdriver.common.keys import Keys
+
+    times = np.concatenate([[0.0], np.geomspace(0.01, 500, 30)])
+    X = af.sphere.uniform(20, 2, seed=0)
+    traj = af.Trajectory(times=times, states=np.broadcast_to(X, (31, 20, 2)),
+                         model=af.Attention(beta=9.0), integrator={})
+    _open(driver, af.explore_html(traj, tmp_path / "long.html"))
+    log_box = driver.find_element("id", "af-log")
+    assert log_box.is_selected()  # 4.7 decades of time
+
+    def nearest(u):
+        """The frame the slider's middle lands on: nearest in axis position."""
+        pos = np.round(1000 * (u - u[0]) / (u[-1] - u[0]))
+        return int(np.argmin(np.abs(pos - 500)))
+
+    _slide(driver, 0, at=0.5)
+    assert _shown(driver)[0] == nearest(np.log10(times + 0.01))  # 10^(mid of the logs)
+    log_box.click()  # a linear axis: the middle is t = 250
+    _slide(driver, 0, at=0.5)
+    frame = _shown(driver)[0]
+    assert frame == nearest(times) and abs(times[frame] - 250) < 100
+    driver.find_element("id", "af-slider").send_keys(Keys.ARROW_LEFT)
+    assert _shown(driver)[0] == frame - 1  # the keys step by saved frame
+    assert _errors(driver) == []
+
+
+def test_linear_time_when_the_times_span_few_steps(driver, pages):
+    _open(driver, pages["circle"][0])  # 41 times, 0 to 20
+    assert not driver.find_element("id", "af-log").is_selected()
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_a_page_of_a_million_tokens_draws_their_density(driver, tmp_path, d):
+    rng = np.random.default_rng(0)
+    X = af.sphere.uniform(1_000_000, d, seed=0)
+    X[: 400_000] = X[0] + 0.02 * rng.normal(size=(400_000, d))  # a cluster of 40 %
+    X /= np.linalg.norm(X, axis=-1, keepdims=True)
+    traj = af.Trajectory(times=[0.0], states=X[None], model=af.Attention(beta=9.0),
+                         integrator={})
+    page = af.explore_html(traj, tmp_path / f"million{d}.html")
+    assert page.stat().st_size < 500_000
+    _open(driver, page)
+    img, scale, css = _png(driver)
+    c = css / 2 * scale
+    r = np.hypot(*(np.indices(img.shape[:2]) - c)) / scale / css  # radius / width
+    coloured = np.ptp(img, axis=-1) > 60  # viridis, not the grey outline or white
+    if d == 2:  # bars outward from the circle (radius 0.38), the cluster's the longest
+        ring = (r > 0.38) & (r < 0.385)
+        assert np.count_nonzero(coloured & ring) > 0.75 * np.count_nonzero(ring)  # all arcs
+        assert np.count_nonzero(coloured & (r > 0.46)) > 0
+    else:  # shaded cells over the sphere (radius 0.44)
+        assert np.count_nonzero(coloured & (r < 0.44)) > 0.5 * np.pi * (0.44 * css) ** 2
+    assert driver.find_element("id", "af-clusters").text == "–"
+    assert _errors(driver) == []

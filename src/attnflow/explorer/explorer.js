@@ -40,10 +40,9 @@ function decodeFrames(b64) {
 }
 
 // A packed density (attnflow.explorer.pack: uint32 counts per arc of the circle, or per
-// occupied cube of a grid on the sphere) with its arrays decoded.
+// equal-area cell of the sphere, bands of z times sectors of the azimuth), decoded.
 function decodeDensity(dens) {
-  const u32 = (b64) => new Uint32Array(decodeBytes(b64).buffer);
-  return { ...dens, counts: u32(dens.counts), cells: dens.cells ? u32(dens.cells) : null };
+  return { ...dens, counts: new Uint32Array(decodeBytes(dens.counts).buffer) };
 }
 
 // The time axis: t itself, or log10(t - t0 + tau) (tau the first step between saved times),
@@ -224,7 +223,7 @@ function mount(model, el) {
   const binOf = new Int32Array(n);
   for (let j = 0; j < n; j++) binOf[j] = Math.min(BINS - 1, Math.floor((j * BINS) / n));
   const binColor = Array.from({ length: BINS }, (_, b) => rgb(viridis((0.85 * b) / (BINS - 1))));
-  const centers = data.causal ? { renyi: data.renyi || [], strong: data.strong || [] } : null;
+  const centers = data.causal && data.renyi ? { renyi: data.renyi, strong: data.strong || [] } : null;
 
   // ----- the page
   const root = element("div", { class: "af-root" });
@@ -297,7 +296,7 @@ function mount(model, el) {
     (trace ? ` · ${T - 1} layers; frame l: the residual stream entering layer l (the last: leaving the model)` : "") +
     (centers ? ` · Rényi centers of the first frame (δ = ${data.delta.toFixed(3)}): black rings; strong: red` : "") +
     (dens ? (circle ? ` · density: tokens per arc of 2π/${dens.bins} (bar length), colour on a log scale` :
-      ` · density: tokens per cube of a ${dens.grid}³ grid, colour on a log scale`) +
+      ` · density: tokens per cell of ${dens.bands} × ${dens.sectors} equal-area cells (bands of z, sectors of the azimuth; for d > 3 the directions of the projections), colour on a log scale`) +
       "; no cluster counts above this size" :
       " · markers: tokens within a marker's width merged, area ∝ tokens");
   side.appendChild(note);
@@ -381,8 +380,9 @@ function mount(model, el) {
     ctx.strokeStyle = "#999";
     ctx.lineWidth = 1;
     ctx.stroke();
+    if (dens) drawDensity(ctx, i, c, R);
     if (!circle) drawGuides(ctx, c, R);
-    if (dens) { drawDensity(ctx, i, c, R); return; }
+    if (dens) return;
     const S = projectPoints(P, n);
     const labels = model.get("color") === "cluster" && canCluster ? labelsAt(i, P) : null;
     const dot = Math.max(1.5, Math.min(5, 60 / Math.sqrt(n)));
@@ -453,13 +453,12 @@ function mount(model, el) {
   }
 
   // The binned density of frame i: on the circle a bar outward from each arc, its length
-  // the arc's tokens over the fullest arc's; on the sphere a square at each occupied cube's
-  // centre (faint behind the sphere). Colour: the tokens on a log scale.
+  // the arc's tokens over the fullest arc's; on the sphere each cell filled (faint behind
+  // the sphere). Colour: the tokens on a log scale.
   function drawDensity(ctx, i, c, R) {
-    let lo = 0, hi = 0;
-    if (circle) { lo = i * dens.bins; hi = lo + dens.bins; } else { lo = dens.offsets[i]; hi = dens.offsets[i + 1]; }
+    const cells = circle ? dens.bins : dens.bands * dens.sectors, lo = i * cells;
     let top = 1;
-    for (let m = lo; m < hi; m++) top = Math.max(top, dens.counts[m]);
+    for (let m = lo; m < lo + cells; m++) top = Math.max(top, dens.counts[m]);
     const shade = (v) => rgb(viridis((0.9 * Math.log1p(v)) / Math.log1p(top)));
     if (circle) {
       const B = dens.bins, H = 0.1 * size;
@@ -468,25 +467,37 @@ function mount(model, el) {
         const v = dens.counts[lo + b];
         if (!v) continue;
         const th = -Math.PI + ((b + 0.5) * 2 * Math.PI) / B, ux = Math.cos(th), uy = -Math.sin(th);
-        const len = 2 + (H * v) / top;
+        const len = 3 + (H * v) / top;
         ctx.strokeStyle = shade(v);
         ctx.beginPath(); ctx.moveTo(c + R * ux, c + R * uy); ctx.lineTo(c + (R + len) * ux, c + (R + len) * uy); ctx.stroke();
       }
       return;
     }
-    const G = dens.grid, m0 = hi - lo, P = new Float64Array(3 * m0);
-    for (let m = 0; m < m0; m++) {
-      const idx = dens.cells[lo + m];
-      const g = [Math.floor(idx / (G * G)), Math.floor(idx / G) % G, idx % G];
-      for (let a = 0; a < 3; a++) P[3 * m + a] = -1 + ((g[a] + 0.5) * 2) / G;
+    const nb = dens.bands, ns = dens.sectors, P = new Float64Array(3 * (nb + 1) * (ns + 1));
+    for (let b = 0; b <= nb; b++) { // the cells' corners
+      const z = -1 + (2 * b) / nb, r = Math.sqrt(Math.max(0, 1 - z * z));
+      for (let k = 0; k <= ns; k++) {
+        const ph = -Math.PI + (2 * Math.PI * k) / ns, o = 3 * (b * (ns + 1) + k);
+        P[o] = r * Math.cos(ph); P[o + 1] = r * Math.sin(ph); P[o + 2] = z;
+      }
     }
-    const S = projectPoints(P, m0);
-    const order = Array.from({ length: m0 }, (_, m) => m).sort((a, b) => S[3 * a + 2] - S[3 * b + 2]);
-    const side = (1.2 * 2 * R) / G;
-    for (const m of order) {
-      ctx.globalAlpha = S[3 * m + 2] >= 0 ? 0.9 : 0.2;
-      ctx.fillStyle = shade(dens.counts[lo + m]);
-      ctx.fillRect(c + R * S[3 * m] - side / 2, c + R * S[3 * m + 1] - side / 2, side, side);
+    const S = projectPoints(P, (nb + 1) * (ns + 1));
+    for (const front of [false, true]) {
+      ctx.globalAlpha = front ? 1 : 0.2;
+      for (let b = 0; b < nb; b++) {
+        for (let k = 0; k < ns; k++) {
+          const v = dens.counts[lo + b * ns + k];
+          if (!v) continue;
+          const corners = [b * (ns + 1) + k, b * (ns + 1) + k + 1, (b + 1) * (ns + 1) + k + 1, (b + 1) * (ns + 1) + k];
+          const depth = corners.reduce((a, m) => a + S[3 * m + 2], 0);
+          if ((depth >= 0) !== front) continue;
+          ctx.beginPath();
+          corners.forEach((m, e) => (e ? ctx.lineTo : ctx.moveTo).call(ctx, c + R * S[3 * m], c + R * S[3 * m + 1]));
+          ctx.closePath();
+          ctx.fillStyle = ctx.strokeStyle = shade(v);
+          ctx.fill(); ctx.lineWidth = 0.5; ctx.stroke(); // no seams between cells
+        }
+      }
     }
     ctx.globalAlpha = 1;
   }

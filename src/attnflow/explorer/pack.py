@@ -20,9 +20,11 @@ empty):
 
 * circle: counts of tokens in `CIRCLE_BINS` equal arcs of the angle, bin b = floor((theta +
   pi) / (2 pi) * CIRCLE_BINS): uint32 (T, CIRCLE_BINS), 4 kB a frame;
-* sphere: counts in the cubes of a `SPHERE_GRID`^3 grid on [-1, 1]^3 (of the drawn, projected
-  coordinates), only the occupied ones: per frame the cube indices (gx G + gy) G + gz and their
-  counts, uint32, at most 8 bytes a cube (some 58 kB a frame for uniform tokens on S^2).
+* sphere: counts of the drawn directions (x, y, z) (for d > 3 the directions of the
+  projections) in equal-area cells: `SPHERE_BANDS` bands of equal height in z times
+  `SPHERE_SECTORS` sectors of the azimuth phi = atan2(y, x), cell (b, s) with b = floor((z +
+  1) / 2 * BANDS), s = floor((phi + pi) / (2 pi) * SECTORS): uint32 (T, BANDS, SECTORS), 32 kB
+  a frame.
 
 `unpack_density` decodes them. Cluster counts and Rényi centers are left out of such pages
 (None): single linkage over 10^6 tokens is too slow to pack and chains through dense tokens.
@@ -46,8 +48,8 @@ from attnflow.analysis import (
 from attnflow.plot import frame
 from attnflow.trajectory import Trajectory
 
-__all__ = ["ANGLE_ERROR", "CIRCLE_BINS", "COORD_ERROR", "DENSITY_N", "FORMAT", "SPHERE_GRID",
-           "VIEWS", "pack", "unpack", "unpack_density"]
+__all__ = ["ANGLE_ERROR", "CIRCLE_BINS", "COORD_ERROR", "DENSITY_N", "FORMAT", "SPHERE_BANDS",
+           "SPHERE_SECTORS", "VIEWS", "pack", "unpack", "unpack_density"]
 
 FORMAT = "attnflow-explorer/1"
 VIEWS = ("circle", "sphere")
@@ -58,7 +60,7 @@ COORD_ERROR = 1 / (_LEVELS - 1)  # the largest error of a decoded coordinate in 
 ATTENTION_MAX_N = 400  # the page computes the attention matrix for at most this many tokens
 DENSITY_N = 20_000  # above this many tokens a page stores binned densities, not points
 CIRCLE_BINS = 1024  # arcs of the circle's density
-SPHERE_GRID = 48  # cubes per axis of the sphere's density
+SPHERE_BANDS, SPHERE_SECTORS = 64, 128  # equal-area cells of the sphere's density: z x phi
 
 
 def view_for(d: int, view: str | None) -> str:
@@ -99,8 +101,8 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
     softmax_j(beta x_i^T M x_j) of a frame, which equals the model's for n <= 400 tokens of
     a single plain layer; checked against the model on the first frame), and density (None,
     or the binned densities of the module docstring: {"kind": "circle", "bins", "counts"} or
-    {"kind": "sphere", "grid", "offsets" (T + 1,), "cells", "counts"}, base64 uint32; then
-    frames is "", and clusters, renyi and strong are None).
+    {"kind": "sphere", "bands", "sectors", "counts"}, counts base64 uint32; then frames is
+    "", and clusters, renyi and strong are None).
     """
     if not isinstance(traj, Trajectory):
         raise TypeError(f"traj: expected an attnflow.Trajectory, received {type(traj).__name__}")
@@ -162,20 +164,16 @@ def _circle_density(theta: np.ndarray) -> dict[str, Any]:
 
 
 def _sphere_density(P: np.ndarray) -> dict[str, Any]:
-    """The occupied cubes of a SPHERE_GRID^3 grid on [-1, 1]^3 and their counts, per frame of
-    P (T, n, 3)."""
-    G = SPHERE_GRID
-    g = np.clip(np.floor((P + 1.0) / 2.0 * G), 0, G - 1).astype(np.int64)
-    index = (g[..., 0] * G + g[..., 1]) * G + g[..., 2]
-    cells, counts, offsets = [], [], [0]
-    for row in index:
-        full = np.bincount(row, minlength=G ** 3)
-        where = np.flatnonzero(full)
-        cells.append(where)
-        counts.append(full[where])
-        offsets.append(offsets[-1] + len(where))
-    return {"kind": "sphere", "grid": G, "offsets": offsets,
-            "cells": _b64(np.concatenate(cells)), "counts": _b64(np.concatenate(counts))}
+    """Counts of the directions of P (T, n, 3) in SPHERE_BANDS x SPHERE_SECTORS equal-area
+    cells (bands of z, sectors of the azimuth); a zero projection counts as z = 0, phi = 0."""
+    length = np.linalg.norm(P, axis=-1)
+    z = np.divide(P[..., 2], length, out=np.zeros_like(length), where=length > 0)
+    band = np.clip(np.floor((z + 1.0) / 2.0 * SPHERE_BANDS), 0, SPHERE_BANDS - 1)
+    sector = np.floor((np.arctan2(P[..., 1], P[..., 0]) + np.pi) / (2 * np.pi) * SPHERE_SECTORS)
+    cell = (band * SPHERE_SECTORS + sector % SPHERE_SECTORS).astype(np.int64)
+    counts = np.stack([np.bincount(row, minlength=SPHERE_BANDS * SPHERE_SECTORS) for row in cell])
+    return {"kind": "sphere", "bands": SPHERE_BANDS, "sectors": SPHERE_SECTORS,
+            "counts": _b64(counts)}
 
 
 def unpack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -199,8 +197,8 @@ def unpack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
 
 def unpack_density(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """The times (T,) and token counts of `pack`'s binned densities: (T, CIRCLE_BINS) per arc
-    on the circle, (T, G, G, G) per cube on the sphere (G = SPHERE_GRID; axes the drawn
-    coordinates x, y, z); each frame's counts sum to n."""
+    on the circle, (T, SPHERE_BANDS, SPHERE_SECTORS) per cell on the sphere (bands of z,
+    sectors of the azimuth); each frame's counts sum to n."""
     dens = packed.get("density") if isinstance(packed, dict) else None
     if dens is None:
         raise fail("packed", "a packed run holding binned densities (pack with density=True "
@@ -209,13 +207,7 @@ def unpack_density(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     counts = np.frombuffer(base64.b64decode(dens["counts"]), dtype="<u4").astype(np.int64)
     if dens["kind"] == "circle":
         return times, counts.reshape(len(times), dens["bins"])
-    G = dens["grid"]
-    cells = np.frombuffer(base64.b64decode(dens["cells"]), dtype="<u4")
-    out = np.zeros((len(times), G ** 3), dtype=np.int64)
-    off = dens["offsets"]
-    for i in range(len(times)):
-        out[i, cells[off[i]:off[i + 1]]] = counts[off[i]:off[i + 1]]
-    return times, out.reshape(len(times), G, G, G)
+    return times, counts.reshape(len(times), dens["bands"], dens["sectors"])
 
 
 def _one_run(traj: Trajectory, run: int) -> np.ndarray:
