@@ -131,8 +131,8 @@ def explore_html(traj: Trajectory | Any, path: str | os.PathLike, *, run: int = 
 
     The page holds 2 bytes per token and coordinate per frame in base64 (8/3 characters)
     plus 20-35 kB of module and series: a 1000-token run on the sphere with 200 frames is
-    1.6 MB. A page of binned densities holds 5.5 kB a frame on the circle and at most some
-    80 kB a frame on the sphere, whatever n.
+    1.6 MB. A page of binned densities holds 5.5 kB a frame on the circle and 44 kB a frame
+    on the sphere, whatever n.
     """
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
