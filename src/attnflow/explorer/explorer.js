@@ -482,21 +482,29 @@ function mount(model, el) {
       }
     }
     const S = projectPoints(P, (nb + 1) * (ns + 1));
-    for (const front of [false, true]) {
-      ctx.globalAlpha = front ? 1 : 0.2;
+    const level = (v) => Math.min(BINS - 1, Math.floor((BINS * Math.log1p(v)) / Math.log1p(top)));
+    for (const front of [false, true]) { // one path per colour level: few fills, no seams within
+      const paths = Array.from({ length: BINS }, () => new Path2D());
       for (let b = 0; b < nb; b++) {
         for (let k = 0; k < ns; k++) {
           const v = dens.counts[lo + b * ns + k];
           if (!v) continue;
-          const corners = [b * (ns + 1) + k, b * (ns + 1) + k + 1, (b + 1) * (ns + 1) + k + 1, (b + 1) * (ns + 1) + k];
-          const depth = corners.reduce((a, m) => a + S[3 * m + 2], 0);
-          if ((depth >= 0) !== front) continue;
-          ctx.beginPath();
-          corners.forEach((m, e) => (e ? ctx.lineTo : ctx.moveTo).call(ctx, c + R * S[3 * m], c + R * S[3 * m + 1]));
-          ctx.closePath();
-          ctx.fillStyle = ctx.strokeStyle = shade(v);
-          ctx.fill(); ctx.lineWidth = 0.5; ctx.stroke(); // no seams between cells
+          const m0 = b * (ns + 1) + k, m1 = m0 + 1, m2 = m0 + ns + 2, m3 = m0 + ns + 1;
+          if ((S[3 * m0 + 2] + S[3 * m1 + 2] + S[3 * m2 + 2] + S[3 * m3 + 2] >= 0) !== front) continue;
+          const path = paths[level(v)], quad = [m0, m1, m2, m3];
+          const cx = quad.reduce((a, m) => a + S[3 * m], 0) / 4, cy = quad.reduce((a, m) => a + S[3 * m + 1], 0) / 4;
+          quad.forEach((m, e) => { // each corner 0.5 px outward: neighbours overlap, no seams
+            const dx = S[3 * m] - cx, dy = S[3 * m + 1] - cy, grow = 0.5 / (R * Math.hypot(dx, dy) || 1);
+            const x = c + R * (S[3 * m] + grow * dx), y = c + R * (S[3 * m + 1] + grow * dy);
+            if (e) path.lineTo(x, y); else path.moveTo(x, y);
+          });
+          path.closePath();
         }
+      }
+      ctx.globalAlpha = front ? 1 : 0.2;
+      for (let g = 0; g < BINS; g++) {
+        ctx.fillStyle = rgb(viridis((0.9 * (g + 0.5)) / BINS));
+        ctx.fill(paths[g]);
       }
     }
     ctx.globalAlpha = 1;
