@@ -75,6 +75,8 @@ def packed_for(obj: Trajectory | Any, *, run: int = 0, view: str | None = None,
     compute it), onto must be "pca", and density is pack's (binned densities instead of
     points: None by n)."""
     if is_trace(obj):
+        if density is not None:
+            raise fail("density", "None for a trace (it draws every token)", repr(density))
         return pack_trace(obj, view=view, basis=basis, onto=onto, attention=attention)
     if onto != "pca":
         raise fail("onto", "'pca' for a simulated run ('sphere' is for traces)", repr(onto))
