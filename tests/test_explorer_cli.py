@@ -64,3 +64,15 @@ def test_the_page_must_be_html(saved, tmp_path):
     assert result.exit_code == 2
     assert result.output.strip() == (f"error: --out: expected a file name ending in .html, "
                                      f"received {tmp_path / 'run.png'}")
+
+
+def test_density_asks_for_binned_densities(saved, tmp_path):
+    _, path = saved
+    result = _explore(path, "--out", tmp_path / "dens.html", "--density")
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "dens.html").read_text()
+    state = json.loads(re.search(r'<script type="application/json" id="af-data">(.*?)</script>',
+                                 page, re.S).group(1))
+    assert state["data"]["density"]["kind"] == "circle" and state["data"]["frames"] == ""
+    counts = af.explorer.unpack_density(state["data"])[1]
+    assert counts.sum(axis=1).tolist() == [24] * 9

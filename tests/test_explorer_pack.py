@@ -137,3 +137,82 @@ def test_one_run_of_a_batch_and_the_directions_of_pre_ln_states():
     pre = af.Trajectory(times=traj.times, states=3.0 * traj.states,  # pre-LN: off the sphere
                         model=af.Attention(beta=9.0, mask="causal", norm="pre"), integrator={})
     assert pack(pre)["frames"] == pack(traj)["frames"]
+
+
+def test_the_page_data_block_holds_no_character_that_can_end_or_open_a_script(tmp_path):
+    import json
+    import re
+
+    from attnflow.explorer.page import page_html
+
+    packed = pack(_run(8, 2))
+    hostile = "<!--<script></script>&>\u2028\u2029é"
+    packed["model"] = hostile
+    page = page_html(packed, title=hostile)
+    block = re.search(r'<script type="application/json" id="af-data">(.*?)</script>', page,
+                      re.S).group(1)
+    assert not set(block) & set("<>&\u2028\u2029")
+    assert json.loads(block)["data"]["model"] == hostile
+    assert page.count("<script") == 2 and "<!--" not in page
+
+
+# ----- binned densities for large n (issue 42)
+
+
+def _million(d, T=2, seed=0):
+    """10^6 tokens: uniform, then gathered into three clusters (no integration)."""
+    rng = np.random.default_rng(seed)
+    X = np.empty((T, 1_000_000, d))
+    X[0] = af.sphere.uniform(1_000_000, d, seed=seed)
+    centers = af.sphere.uniform(3, d, seed=seed + 1)
+    for i in range(1, T):
+        X[i] = centers[rng.integers(0, 3, 1_000_000)] + 0.3 / i * rng.normal(size=(1_000_000, d))
+    X /= np.linalg.norm(X, axis=-1, keepdims=True)
+    return af.Trajectory(times=np.arange(T, dtype=float), states=X,
+                         model=af.Attention(beta=9.0, mask="causal"), integrator={})
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_a_million_tokens_make_a_small_page_of_binned_densities(d):
+    from attnflow.explorer import unpack_density
+    from attnflow.explorer.pack import CIRCLE_BINS, SPHERE_BANDS, SPHERE_SECTORS
+
+    traj = _million(d)
+    packed = pack(traj)
+    assert packed["frames"] == "" and packed["clusters"] is None and packed["renyi"] is None
+    times, counts = unpack_density(packed)
+    np.testing.assert_array_equal(times, traj.times)
+    X = traj.states
+    for i in range(len(times)):  # the counts are numpy's histogram of the tokens
+        if d == 2:
+            ref, _ = np.histogram(np.arctan2(X[i, :, 1], X[i, :, 0]),
+                                  bins=np.linspace(-np.pi, np.pi, CIRCLE_BINS + 1))
+        else:  # equal-area cells: bands of z, sectors of the azimuth
+            ref, _, _ = np.histogram2d(X[i, :, 2], np.arctan2(X[i, :, 1], X[i, :, 0]),
+                                       bins=[SPHERE_BANDS, SPHERE_SECTORS],
+                                       range=[(-1, 1), (-np.pi, np.pi)])
+        np.testing.assert_array_equal(counts[i], ref)
+    assert counts.reshape(len(times), -1).sum(axis=1).tolist() == [1_000_000] * len(times)
+    np.testing.assert_allclose(packed["order"], np.linalg.norm(X.mean(axis=1), axis=-1))
+    from attnflow.explorer.page import page_html
+
+    page = page_html(packed).encode()  # explore_html's text
+    points = 8 / 3 * 1_000_000 * (1 if d == 2 else 3) * len(times)  # as points
+    assert len(page) < 500_000 < points / 10
+    with pytest.raises(ValueError, match=r"^packed: expected a packed run holding points"):
+        unpack(packed)
+
+
+def test_densities_from_the_threshold_on_or_when_asked():
+    from attnflow.explorer import unpack_density
+    from attnflow.explorer.pack import DENSITY_N
+
+    assert pack(_run(DENSITY_N, 2, T=2))["density"] is None
+    assert pack(_run(DENSITY_N + 1, 2, T=2))["density"]["kind"] == "circle"
+    small = pack(_run(50, 3, T=2), density=True)
+    assert small["density"]["kind"] == "sphere"
+    assert unpack_density(small)[1].sum() == 100
+    with pytest.raises(ValueError, match=r"^packed: expected a packed run holding binned"):
+        unpack_density(pack(_run(50, 3, T=2)))
+    with pytest.raises(ValueError, match=r"^density: expected None \(by n\), True or False"):
+        pack(_run(5, 2), density="yes")

@@ -210,3 +210,8 @@ def test_a_simulated_run_keeps_its_page_and_names_the_new_options(tmp_path):
     result = _explore(path, "--out", tmp_path / "run.html")
     assert result.exit_code == 0, result.output
     assert _state(tmp_path / "run.html") == json.loads(json.dumps(af.explorer.pack(traj)))
+
+
+def test_a_trace_has_no_density_page(tmp_path):
+    with pytest.raises(ValueError, match=r"^density: expected None for a trace"):
+        af.explore_html(_trace(), tmp_path / "t.html", density=True)

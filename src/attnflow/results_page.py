@@ -51,7 +51,10 @@ def results_page(folder: str | os.PathLike) -> str:
 
 
 def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """text as one Markdown table cell, read literally: "|" would end the cell, and "[" "]"
+    would make "E[R^2](t)" a link to "t" (an error in `mkdocs build --strict`)."""
+    return (str(text).replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
+            .replace("\n", " "))
 
 
 def _minutes(seconds: float) -> str:

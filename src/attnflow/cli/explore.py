@@ -52,6 +52,10 @@ def explore(
     onto: Onto = typer.Option(Onto.pca, help="A trace's token directions: pca (projected onto "
                               "the top principal directions, inside the ball) or sphere "
                               "(scaled to unit length)."),
+    density: bool | None = typer.Option(None, "--density/--points",
+                                        help="Draw binned densities per frame (small pages "
+                                        "at any n) or every token; default: densities above "
+                                        "20 000 tokens (not for a trace)."),
 ) -> None:
     """Write one self-contained HTML page to explore a saved run: tokens through time (play,
     slider, turn the sphere by dragging), the attention matrix (n <= 400), cluster counts and
@@ -62,7 +66,7 @@ def explore(
 
     output_path("--out", out, [".html"])
     options = {"path": "RUN_FILE", "view": "--view", "run": "--run", "attention": "--attention",
-               "onto": "--onto"}
+               "onto": "--onto", "density": "--density"}
     picked = None if view is View.auto else view.value
     with renamed(**options):
         if is_trace_file(run_file):
@@ -70,6 +74,9 @@ def explore(
 
             if run != 0:
                 unused({"--run": run}, "for a trace (one forward pass)")
+            if density is not None:
+                unused({"--density" if density else "--points": True},
+                       "for a trace (it draws every token)")
             obj = load_trace(run_file)
         else:
             from attnflow.trajectory import load
@@ -77,5 +84,6 @@ def explore(
             if onto is not Onto.pca:
                 unused({"--onto": onto.value}, "for a simulated run (it is for traces)")
             obj = load(run_file)
-        explore_html(obj, out, run=run, view=picked, attention=attention, onto=onto.value)
+        explore_html(obj, out, run=run, view=picked, attention=attention, onto=onto.value,
+                     density=density)
     print(f"written {out} ({out.stat().st_size / 1e6:.2f} MB)")

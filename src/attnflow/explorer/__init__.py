@@ -1,7 +1,8 @@
 """The interactive explorer of a run: tokens on the circle or the sphere through time, the
 attention matrix, cluster counts and the order parameter, Rényi centers of causal runs.
 
-* pack: a run as compact JSON (uint16 frames in base64 and what the page shows beside them).
+* pack: a run as compact JSON (uint16 frames in base64 and what the page shows beside them;
+  binned densities instead of points above 20 000 tokens).
 * tracepack: `pack_trace`, a trace of a real model (`attnflow.pretrained.trace`) the same way,
   layers as time: sink rate and mean cosine per layer, every layer's and head's pattern.
 * page: `explore_html`, one self-contained HTML page (no network).
@@ -11,12 +12,13 @@ attention matrix, cluster counts and the order parameter, Rényi centers of caus
 
 from typing import Any
 
-from attnflow.explorer.pack import ANGLE_ERROR, COORD_ERROR, pack, unpack
+from attnflow.explorer.pack import ANGLE_ERROR, COORD_ERROR, pack, unpack, unpack_density
 from attnflow.explorer.page import explore_html
 from attnflow.explorer.tracepack import PATTERN_ERROR, pack_trace, unpack_patterns
 
 __all__ = ["ANGLE_ERROR", "COORD_ERROR", "PATTERN_ERROR", "Explorer", "LiveExplorer", "explore",
-           "explore_html", "explore_live", "pack", "pack_trace", "unpack", "unpack_patterns"]
+           "explore_html", "explore_live", "pack", "pack_trace", "unpack", "unpack_density",
+           "unpack_patterns"]
 
 
 def __getattr__(name: str) -> Any:

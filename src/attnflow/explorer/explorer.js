@@ -2,7 +2,8 @@
 // by the Jupyter widget (attnflow.explorer.widget) and by the exported page
 // (attnflow.explorer.page, whose small shim plays `model`). No network, no dependencies.
 //
-// model keys: "data" (attnflow.explorer.pack's dict: uint16 frames in base64 and the series;
+// model keys: "data" (attnflow.explorer.pack's dict: uint16 frames in base64 and the series,
+// or binned densities for large n;
 // or attnflow.explorer.tracepack's, kind "trace": layers as time, mean cosine and sink rate
 // per layer, uint8 attention patterns per layer and head),
 // "frame" (int, the time index shown), "color" ("index" or "cluster"), "camera"
@@ -15,6 +16,8 @@ const TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
 const RED = "#d62728";
 const BINS = 48; // colour bins of the index colouring: one fill per bin
 const SPEEDS = [2, 5, 10, 20, 30, 60];
+const INK = 3600; // px^2: the area of a marker holding every token (a share f of them: f INK)
+const LOG_SPAN = 100; // the time axis is logarithmic when the times span more than this many first steps
 
 function viridis(v) {
   const x = Math.min(1, Math.max(0, v)) * (VIRIDIS.length - 1);
@@ -34,6 +37,23 @@ function decodeBytes(b64) {
 function decodeFrames(b64) {
   const bytes = Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0));
   return new Uint16Array(bytes.buffer); // little-endian, as packed (every browser in use)
+}
+
+// A packed density (attnflow.explorer.pack: uint32 counts per arc of the circle, or per
+// equal-area cell of the sphere, bands of z times sectors of the azimuth), decoded.
+function decodeDensity(dens) {
+  return { ...dens, counts: new Uint32Array(decodeBytes(dens.counts).buffer) };
+}
+
+// The time axis: t itself, or log10(t - t0 + tau) (tau the first step between saved times),
+// which gives the early times of a long run their share of the axis.
+function timeAxis(times, log) {
+  const T = times.length, t0 = times[0];
+  let tau = 0;
+  for (let k = 1; k < T && !tau; k++) if (times[k] > times[k - 1]) tau = times[k] - times[k - 1];
+  const u = log && tau > 0 ? (t) => Math.log10(t - t0 + tau) : (t) => t;
+  const u0 = u(t0), u1 = u(times[T - 1]) > u0 ? u(times[T - 1]) : u0 + 1;
+  return { u, u0, u1, tau, t0, frac: (t) => (u(t) - u0) / (u1 - u0) };
 }
 
 // Points of frame i: (n, 3) as x, y, z (z = 0 on the circle), unit vectors for d <= 3.
@@ -192,31 +212,41 @@ function liveControls(model) {
 function mount(model, el) {
   const data = model.get("data");
   const n = data.n, T = data.times.length, circle = data.view === "circle";
-  const q = decodeFrames(data.frames);
+  const dens = data.density ? decodeDensity(data.density) : null;
+  const q = dens ? null : decodeFrames(data.frames);
   const trace = data.kind === "trace";
   const timeLabel = data.time_label || "t";
   const att = data.attention && n <= 400 ? data.attention : null;
   const pat = trace && data.patterns ? data.patterns : null;
   const patBytes = pat ? decodeBytes(pat.data) : null;
-  const canCluster = !trace && data.projection === "";
+  const canCluster = !trace && !dens && data.projection === "" && !!data.clusters;
   const binOf = new Int32Array(n);
   for (let j = 0; j < n; j++) binOf[j] = Math.min(BINS - 1, Math.floor((j * BINS) / n));
   const binColor = Array.from({ length: BINS }, (_, b) => rgb(viridis((0.85 * b) / (BINS - 1))));
-  const centers = data.causal ? { renyi: data.renyi || [], strong: data.strong || [] } : null;
+  const centers = data.causal && data.renyi ? { renyi: data.renyi, strong: data.strong || [] } : null;
 
   // ----- the page
   const root = element("div", { class: "af-root" });
   root.appendChild(element("style", {}, STYLE));
   const bar = element("div", { class: "af-bar" });
   const play = element("button", { id: "af-play", type: "button" }, "Play");
-  const slider = element("input", { id: "af-slider", type: "range", min: "0", max: String(T - 1),
-                                    step: "1", "aria-label": trace ? "layer" : "time index" });
+  const SL = Math.max(1000, T); // slider positions: the time axis in SL steps
+  const slider = element("input", { id: "af-slider", type: "range", min: "0", max: String(SL),
+                                    step: "1", "aria-label": trace ? "layer" : "time" });
+  let axis = timeAxis(data.times, false);
+  const span = axis.tau > 0 ? (data.times[T - 1] - axis.t0) / axis.tau : 0;
+  const logBox = element("input", { id: "af-log", type: "checkbox" });
+  logBox.checked = !trace && span > LOG_SPAN;
+  axis = timeAxis(data.times, logBox.checked);
+  const logLabel = element("label", { class: "af-note" });
+  logLabel.append(logBox, " log time");
   const speed = element("select", { id: "af-speed", "aria-label": "frames per second" });
   for (const s of SPEEDS) speed.appendChild(element("option", { value: String(s) }, `${s} fps`));
   speed.appendChild(element("option", { value: "max" }, "every screen frame"));
   speed.value = "10";
   const color = element("select", { id: "af-color", "aria-label": "colour tokens by" });
-  color.appendChild(element("option", { value: "index" }, data.causal ? "colour: arrival order" : "colour: index"));
+  color.appendChild(element("option", { value: "index" }, dens ? "colour: tokens per bin" :
+    data.causal ? "colour: arrival order" : "colour: index"));
   if (canCluster) color.appendChild(element("option", { value: "cluster" }, "colour: cluster"));
   const readout = element("span", { class: "af-readout" });
   const timeText = element("b", { id: "af-time" });
@@ -225,7 +255,9 @@ function mount(model, el) {
   const tokenText = element("span", { id: "af-token", class: "af-note" });
   if (trace) readout.append(`${timeLabel} = `, timeText, " · mean cos: ", cosText, " · sink rate: ", sinkText, " ", tokenText);
   else readout.append("t = ", timeText, " · clusters: ", clusterText);
-  bar.append(play, slider, speed, color, readout);
+  bar.append(play, slider, speed, color);
+  if (!trace && span > 1) bar.append(logLabel);
+  bar.append(readout);
   const panels = element("div", { class: "af-panels" });
   const main = element("canvas", { id: "af-main", class: "af-main", role: "img",
                                    "aria-label": `tokens on the ${data.view}` });
@@ -262,7 +294,11 @@ function mount(model, el) {
   note.textContent = `${data.model} · n = ${n}, d = ${data.d}` +
     (data.projection ? ` · ${data.projection}` : "") +
     (trace ? ` · ${T - 1} layers; frame l: the residual stream entering layer l (the last: leaving the model)` : "") +
-    (centers ? ` · Rényi centers of the first frame (δ = ${data.delta.toFixed(3)}): black rings; strong: red` : "");
+    (centers ? ` · Rényi centers of the first frame (δ = ${data.delta.toFixed(3)}): black rings; strong: red` : "") +
+    (dens ? (circle ? ` · density: tokens per arc of 2π/${dens.bins} (bar length), colour on a log scale` :
+      ` · density: tokens per cell of ${dens.bands} × ${dens.sectors} equal-area cells (bands of z, sectors of the azimuth; for d > 3 the directions of the projections), colour on a log scale`) +
+      "; no cluster counts above this size" :
+      " · markers: tokens within a marker's width merged, area ∝ tokens");
   side.appendChild(note);
   panels.append(main, side);
   const liveRow = liveControls(model);
@@ -299,7 +335,7 @@ function mount(model, el) {
     }
     const [el_, az_] = camera().map((v) => (v * Math.PI) / 180);
     const ca = Math.cos(az_), sa = Math.sin(az_), ce = Math.cos(el_), se = Math.sin(el_);
-    for (let j = 0; j < n; j++) {
+    for (let j = 0; j < count; j++) {
       const x = P[3 * j], y = P[3 * j + 1], z = P[3 * j + 2];
       const x1 = ca * x - sa * y, y1 = sa * x + ca * y; // turn about z (azimuth)
       S[3 * j] = x1;
@@ -344,18 +380,24 @@ function mount(model, el) {
     ctx.strokeStyle = "#999";
     ctx.lineWidth = 1;
     ctx.stroke();
+    if (dens) drawDensity(ctx, i, c, R);
     if (!circle) drawGuides(ctx, c, R);
+    if (dens) return;
     const S = projectPoints(P, n);
     const labels = model.get("color") === "cluster" && canCluster ? labelsAt(i, P) : null;
     const dot = Math.max(1.5, Math.min(5, 60 / Math.sqrt(n)));
     const groups = labels ? 10 : BINS;
     const fill = labels ? TAB10 : binColor;
+    const mk = markers(S, c, R, dot, labels);
+    const unit = Math.min(dot * dot, INK / n); // px^2 per token of a merged marker
     for (const front of circle ? [true] : [false, true]) {
       const paths = Array.from({ length: groups }, () => new Path2D());
-      for (let j = n - 1; j >= 0; j--) { // the earliest tokens on top
-        if (!circle && (S[3 * j + 2] >= 0) !== front) continue;
-        const g = labels ? labels[j] % 10 : binOf[j];
-        paths[g].rect(c + R * S[3 * j] - dot / 2, c + R * S[3 * j + 1] - dot / 2, dot, dot);
+      for (let m = mk.count - 1; m >= 0; m--) { // the earliest tokens on top
+        if (mk.front[m] !== (front ? 1 : 0)) continue;
+        const x = mk.x[m] / mk.n[m], y = mk.y[m] / mk.n[m], path = paths[mk.group[m]];
+        const area = mk.n[m] * unit;
+        if (area <= dot * dot) path.rect(x - dot / 2, y - dot / 2, dot, dot);
+        else { const r = Math.sqrt(area / Math.PI); path.moveTo(x + r, y); path.arc(x, y, r, 0, 2 * Math.PI); }
       }
       ctx.globalAlpha = front ? 1 : 0.25;
       for (let g = groups - 1; g >= 0; g--) { ctx.fillStyle = fill[g]; ctx.fill(paths[g]); }
@@ -383,6 +425,89 @@ function mount(model, el) {
       }
       ctx.globalAlpha = 1;
     }
+  }
+
+  // Tokens whose screen positions share a cell of the marker's width (and a hemisphere) as
+  // one marker at their mean position: its size, number of tokens, colour group (of its
+  // earliest token). Markers are numbered by their earliest token.
+  function markers(S, c, R, dot, labels) {
+    const cell = Math.max(2, dot), W = Math.ceil(size / cell) + 4;
+    const slot = new Map();
+    const x = new Float64Array(n), y = new Float64Array(n), count = new Int32Array(n);
+    const group = new Int32Array(n), front = new Uint8Array(n);
+    let m = 0;
+    for (let j = 0; j < n; j++) {
+      const px = c + R * S[3 * j], py = c + R * S[3 * j + 1];
+      const f = circle || S[3 * j + 2] >= 0 ? 1 : 0;
+      const key = ((Math.floor(py / cell) + 2) * W + Math.floor(px / cell) + 2) * 2 + f;
+      let k = slot.get(key);
+      if (k === undefined) {
+        k = m++;
+        slot.set(key, k);
+        group[k] = labels ? labels[j] % 10 : binOf[j];
+        front[k] = f;
+      }
+      x[k] += px; y[k] += py; count[k] += 1;
+    }
+    return { count: m, x, y, n: count, group, front };
+  }
+
+  // The binned density of frame i: on the circle a bar outward from each arc, its length
+  // the arc's tokens over the fullest arc's; on the sphere each cell filled (faint behind
+  // the sphere). Colour: the tokens on a log scale.
+  function drawDensity(ctx, i, c, R) {
+    const cells = circle ? dens.bins : dens.bands * dens.sectors, lo = i * cells;
+    let top = 1;
+    for (let m = lo; m < lo + cells; m++) top = Math.max(top, dens.counts[m]);
+    const shade = (v) => rgb(viridis((0.9 * Math.log1p(v)) / Math.log1p(top)));
+    if (circle) {
+      const B = dens.bins, H = 0.1 * size;
+      ctx.lineWidth = Math.max(1, (2 * Math.PI * R) / B);
+      for (let b = 0; b < B; b++) {
+        const v = dens.counts[lo + b];
+        if (!v) continue;
+        const th = -Math.PI + ((b + 0.5) * 2 * Math.PI) / B, ux = Math.cos(th), uy = -Math.sin(th);
+        const len = 3 + (H * v) / top;
+        ctx.strokeStyle = shade(v);
+        ctx.beginPath(); ctx.moveTo(c + R * ux, c + R * uy); ctx.lineTo(c + (R + len) * ux, c + (R + len) * uy); ctx.stroke();
+      }
+      return;
+    }
+    const nb = dens.bands, ns = dens.sectors, P = new Float64Array(3 * (nb + 1) * (ns + 1));
+    for (let b = 0; b <= nb; b++) { // the cells' corners
+      const z = -1 + (2 * b) / nb, r = Math.sqrt(Math.max(0, 1 - z * z));
+      for (let k = 0; k <= ns; k++) {
+        const ph = -Math.PI + (2 * Math.PI * k) / ns, o = 3 * (b * (ns + 1) + k);
+        P[o] = r * Math.cos(ph); P[o + 1] = r * Math.sin(ph); P[o + 2] = z;
+      }
+    }
+    const S = projectPoints(P, (nb + 1) * (ns + 1));
+    const level = (v) => Math.min(BINS - 1, Math.floor((BINS * Math.log1p(v)) / Math.log1p(top)));
+    for (const front of [false, true]) { // one path per colour level: few fills, no seams within
+      const paths = Array.from({ length: BINS }, () => new Path2D());
+      for (let b = 0; b < nb; b++) {
+        for (let k = 0; k < ns; k++) {
+          const v = dens.counts[lo + b * ns + k];
+          if (!v) continue;
+          const m0 = b * (ns + 1) + k, m1 = m0 + 1, m2 = m0 + ns + 2, m3 = m0 + ns + 1;
+          if ((S[3 * m0 + 2] + S[3 * m1 + 2] + S[3 * m2 + 2] + S[3 * m3 + 2] >= 0) !== front) continue;
+          const path = paths[level(v)], quad = [m0, m1, m2, m3];
+          const cx = quad.reduce((a, m) => a + S[3 * m], 0) / 4, cy = quad.reduce((a, m) => a + S[3 * m + 1], 0) / 4;
+          quad.forEach((m, e) => { // each corner 0.5 px outward: neighbours overlap, no seams
+            const dx = S[3 * m] - cx, dy = S[3 * m + 1] - cy, grow = 0.5 / (R * Math.hypot(dx, dy) || 1);
+            const x = c + R * (S[3 * m] + grow * dx), y = c + R * (S[3 * m + 1] + grow * dy);
+            if (e) path.lineTo(x, y); else path.moveTo(x, y);
+          });
+          path.closePath();
+        }
+      }
+      ctx.globalAlpha = front ? 1 : 0.2;
+      for (let g = 0; g < BINS; g++) {
+        ctx.fillStyle = rgb(viridis((0.9 * (g + 0.5)) / BINS));
+        ctx.fill(paths[g]);
+      }
+    }
+    ctx.globalAlpha = 1;
   }
 
   function drawAttention(i, P) {
@@ -491,8 +616,8 @@ function mount(model, el) {
     ctx.fillStyle = "#fff";
     ctx.fillRect(0, 0, w, h);
     const t = data.times, t0 = t[0], t1 = t[T - 1] > t0 ? t[T - 1] : t0 + 1;
-    const kMax = Math.max(1, ...data.clusters);
-    const X = (v) => left + ((v - t0) / (t1 - t0)) * (w - left - right);
+    const kMax = data.clusters ? Math.max(1, ...data.clusters) : 1;
+    const X = (v) => left + axis.frac(v) * (w - left - right);
     const Y = (v, max) => top + (1 - v / max) * (h - top - bottom);
     ctx.strokeStyle = "#ccc";
     ctx.strokeRect(left, top, w - left - right, h - top - bottom);
@@ -507,22 +632,36 @@ function mount(model, el) {
       ctx.lineWidth = 1.5;
       ctx.stroke();
     };
-    line(data.clusters, kMax, "#1f4e99", true);
+    if (data.clusters) line(data.clusters, kMax, "#1f4e99", true);
     line(data.order, 1, "#e07b00", false);
     ctx.font = "11px system-ui,sans-serif";
     ctx.fillStyle = "#1f4e99";
-    ctx.fillText(String(kMax), 4, top + 8);
-    ctx.fillText("0", 4, h - bottom);
-    ctx.fillText("— cluster count (left axis)", left, 12);
+    if (data.clusters) {
+      ctx.fillText(String(kMax), 4, top + 8);
+      ctx.fillText("0", 4, h - bottom);
+      ctx.fillText("— cluster count (left axis)", left, 12);
+    }
     ctx.fillStyle = "#e07b00";
     ctx.fillText("1", w - right + 6, top + 8);
     ctx.fillText("0", w - right + 6, h - bottom);
     const orderLabel = "— |mean x| (right axis)";
     ctx.fillText(orderLabel, w - right - ctx.measureText(orderLabel).width, 12);
     ctx.fillStyle = "#444";
-    ctx.fillText(`t = ${t0.toPrecision(3)}`, left, h - 6);
+    const startLabel = `t = ${t0.toPrecision(3)}${logBox.checked ? " (log)" : ""}`;
+    ctx.fillText(startLabel, left, h - 6);
     const endLabel = `${t1.toPrecision(3)}`;
-    ctx.fillText(endLabel, w - right - ctx.measureText(endLabel).width, h - 6);
+    const endAt = w - right - ctx.measureText(endLabel).width;
+    ctx.fillText(endLabel, endAt, h - 6);
+    if (logBox.checked) { // decades of t - t0, where their labels fit between the ends
+      ctx.strokeStyle = "#bbb";
+      let free = left + ctx.measureText(startLabel).width + 6;
+      for (let k = Math.ceil(Math.log10(axis.tau)); t0 + 10 ** k < t1; k++) {
+        const x = X(t0 + 10 ** k), text = Number((t0 + 10 ** k).toPrecision(3)).toString();
+        ctx.beginPath(); ctx.moveTo(x, h - bottom); ctx.lineTo(x, h - bottom + 4); ctx.stroke();
+        const tw = ctx.measureText(text).width;
+        if (x - tw / 2 > free && x + tw / 2 < endAt - 6) { ctx.fillText(text, x - tw / 2, h - 6); free = x + tw / 2 + 6; }
+      }
+    }
     ctx.strokeStyle = "#c00";
     ctx.beginPath();
     ctx.moveTo(X(t[i]), top);
@@ -534,21 +673,31 @@ function mount(model, el) {
   let seriesAxis = null;
   function draw() {
     const i = frameIndex();
-    const P = framePoints(data, q, i);
+    const P = dens ? null : framePoints(data, q, i);
     drawMain(i, P);
     if (attn) drawAttention(i, P);
     if (patCanvas) drawPattern(i);
     seriesAxis = drawSeries(i);
-    slider.value = String(i);
+    slider.value = String(sliderAt(i));
     timeText.textContent = Number(data.times[i].toPrecision(4)).toString();
     timeText.dataset.frame = String(i);
     if (trace) {
       cosText.textContent = data.cosine[i].toFixed(3);
       sinkText.textContent = data.sink[i] === null ? "–" : data.sink[i].toFixed(2);
-    } else clusterText.textContent = String(data.clusters[i]);
+    } else clusterText.textContent = data.clusters ? String(data.clusters[i]) : "–";
     color.value = model.get("color") === "cluster" && canCluster ? "cluster" : "index";
     drawn += 1;
     el.dataset.drawn = String(drawn);
+  }
+
+  // The slider's position of frame i (its time on the axis), and the frame nearest a position.
+  function sliderAt(i) {
+    return trace ? Math.round((SL * i) / Math.max(1, T - 1)) : Math.round(SL * axis.frac(data.times[i]));
+  }
+  function frameAt(v) {
+    let best = 0;
+    for (let k = 1; k < T; k++) if (Math.abs(sliderAt(k) - v) < Math.abs(sliderAt(best) - v)) best = k;
+    return best;
   }
 
   function setFrame(i) {
@@ -583,7 +732,16 @@ function mount(model, el) {
     play.textContent = "Play";
   }
   play.addEventListener("click", () => (raf ? stop() : start()));
-  slider.addEventListener("input", () => setFrame(Number(slider.value)));
+  slider.addEventListener("input", () => setFrame(frameAt(Number(slider.value))));
+  const keySteps = { ArrowRight: 1, ArrowUp: 1, ArrowLeft: -1, ArrowDown: -1, PageUp: 10, PageDown: -10 };
+  slider.addEventListener("keydown", (ev) => { // the keys step by saved frame
+    const i = frameIndex();
+    const to = ev.key in keySteps ? i + keySteps[ev.key] : ev.key === "Home" ? 0 : ev.key === "End" ? T - 1 : null;
+    if (to === null) return;
+    ev.preventDefault();
+    setFrame(to);
+  });
+  logBox.addEventListener("change", () => { axis = timeAxis(data.times, logBox.checked); draw(); });
   color.addEventListener("change", () => { model.set("color", color.value); model.save_changes(); });
   if (sortBox) sortBox.addEventListener("change", draw);
   if (headSelect) headSelect.addEventListener("change", draw);

@@ -13,6 +13,21 @@ The frames are uint16, little-endian, one array of shape (T, n, k), base64 in JS
 
 So a frame takes 2 n k bytes, 8/3 n k characters of base64: 1000 tokens x 3 coordinates x 200
 frames are 1.2 MB of frames, 1.6 MB of text.
+
+Above `DENSITY_N` tokens (or with density=True) a frame is stored as a binned density instead
+of points, so that a page of 10^6 tokens is drawn and stays small ("density"; "frames" is
+empty):
+
+* circle: counts of tokens in `CIRCLE_BINS` equal arcs of the angle, bin b = floor((theta +
+  pi) / (2 pi) * CIRCLE_BINS): uint32 (T, CIRCLE_BINS), 4 kB a frame;
+* sphere: counts of the drawn directions (x, y, z) (for d > 3 the directions of the
+  projections) in equal-area cells: `SPHERE_BANDS` bands of equal height in z times
+  `SPHERE_SECTORS` sectors of the azimuth phi = atan2(y, x), cell (b, s) with b = floor((z +
+  1) / 2 * BANDS), s = floor((phi + pi) / (2 pi) * SECTORS): uint32 (T, BANDS, SECTORS), 32 kB
+  a frame.
+
+`unpack_density` decodes them. Cluster counts and Rényi centers are left out of such pages
+(None): single linkage over 10^6 tokens is too slow to pack and chains through dense tokens.
 """
 
 from __future__ import annotations
@@ -33,7 +48,8 @@ from attnflow.analysis import (
 from attnflow.plot import frame
 from attnflow.trajectory import Trajectory
 
-__all__ = ["ANGLE_ERROR", "COORD_ERROR", "FORMAT", "VIEWS", "pack", "unpack"]
+__all__ = ["ANGLE_ERROR", "CIRCLE_BINS", "COORD_ERROR", "DENSITY_N", "FORMAT", "SPHERE_BANDS",
+           "SPHERE_SECTORS", "VIEWS", "pack", "unpack", "unpack_density"]
 
 FORMAT = "attnflow-explorer/1"
 VIEWS = ("circle", "sphere")
@@ -42,6 +58,9 @@ ANGLE_STEP = 2 * np.pi / _LEVELS
 ANGLE_ERROR = ANGLE_STEP / 2  # rad: the largest error of a decoded angle
 COORD_ERROR = 1 / (_LEVELS - 1)  # the largest error of a decoded coordinate in [-1, 1]
 ATTENTION_MAX_N = 400  # the page computes the attention matrix for at most this many tokens
+DENSITY_N = 20_000  # above this many tokens a page stores binned densities, not points
+CIRCLE_BINS = 1024  # arcs of the circle's density
+SPHERE_BANDS, SPHERE_SECTORS = 64, 128  # equal-area cells of the sphere's density: z x phi
 
 
 def view_for(d: int, view: str | None) -> str:
@@ -59,7 +78,7 @@ def view_for(d: int, view: str | None) -> str:
 
 
 def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
-         basis: Any = None) -> dict[str, Any]:
+         basis: Any = None, density: bool | None = None) -> dict[str, Any]:
     """Everything the explorer page shows of one run, as JSON-friendly data.
 
     traj : a Trajectory; its token directions x / |x| are shown (the states on the sphere).
@@ -67,6 +86,8 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
     view : "circle" (d = 2) or "sphere" (d >= 3); default by the dimension.
     basis : for d > 3, the three directions to project onto (see `attnflow.plot.frame`;
         default the top principal directions of all frames).
+    density : None (binned densities above `DENSITY_N` tokens, points up to it), True
+        (densities), False (points, whatever n).
 
     Returns a dict with: format, view, n, d, k (coordinates per token: 1 or 3), frames
     (base64 of uint16 (T, n, k), see the module docstring), times (T,), beta (T,) and tol
@@ -78,7 +99,10 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
     first frame at delta = 4 |beta|^{-1/2}, causal runs only, else None), delta, and attention
     (None, or {"M": (d, d) matrix, "causal": bool}: the page computes the attention matrix
     softmax_j(beta x_i^T M x_j) of a frame, which equals the model's for n <= 400 tokens of
-    a single plain layer; checked against the model on the first frame).
+    a single plain layer; checked against the model on the first frame), and density (None,
+    or the binned densities of the module docstring: {"kind": "circle", "bins", "counts"} or
+    {"kind": "sphere", "bands", "sectors", "counts"}, counts base64 uint32; then frames is
+    "", and clusters, renyi and strong are None).
     """
     if not isinstance(traj, Trajectory):
         raise TypeError(f"traj: expected an attnflow.Trajectory, received {type(traj).__name__}")
@@ -86,36 +110,70 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
     if not np.all(np.isfinite(X)):
         raise fail("traj", "finite token positions", "non-finite entries")
     view = view_for(traj.d, view)
+    if density not in (None, True, False):
+        raise fail("density", "None (by n), True or False", repr(density))
+    dense = traj.n > DENSITY_N if density is None else density
     times = np.asarray(traj.times, dtype=float)
     layers = [traj.model.layer_at(float(t)) for t in times]
     beta = np.array([float(layer.beta) for layer in layers])
     tol = np.array([default_cluster_tol(b) for b in beta])
-    counts = np.array([int(cluster_count(X[i], tol[i])) for i in range(len(times))])
     order = np.linalg.norm(X.mean(axis=1), axis=-1)
-    projection = ""
+    projection, binned, frames = "", None, ""
     if view == "circle":
-        q = np.round((np.arctan2(X[..., 1], X[..., 0]) + np.pi) / ANGLE_STEP) % _LEVELS
-        q = q[..., None]
+        theta = np.arctan2(X[..., 1], X[..., 0])
+        if dense:
+            binned = _circle_density(theta)
+        else:
+            frames = _b64((np.round((theta + np.pi) / ANGLE_STEP) % _LEVELS)[..., None], "<u2")
     else:
         fr = frame(traj, X, 3, basis)
         projection = fr.note
         P = np.clip(fr(X), -1.0, 1.0)
-        q = np.round((P + 1.0) / 2.0 * (_LEVELS - 1))
-    frames = np.ascontiguousarray(q.astype("<u2"))
-    causal = bool(traj.model.is_causal)
+        if dense:
+            binned = _sphere_density(P)
+        else:
+            frames = _b64(np.round((P + 1.0) / 2.0 * (_LEVELS - 1)), "<u2")
+    causal = bool(traj.model.is_causal) and not dense
     delta = min(float(np.pi), 4.0 * length_scale(beta[0]))  # pi at beta = 0 and +-inf
     return {
-        "format": FORMAT, "view": view, "n": traj.n, "d": traj.d, "k": frames.shape[-1],
-        "frames": base64.b64encode(frames.tobytes()).decode("ascii"),
+        "format": FORMAT, "view": view, "n": traj.n, "d": traj.d, "k": 1 if view == "circle" else 3,
+        "frames": frames, "density": binned,
         "times": times.tolist(), "tol": tol.tolist(),
         "beta": [b if np.isfinite(b) else None for b in beta.tolist()],  # null: hardmax
-        "clusters": counts.tolist(), "order": order.tolist(),
-        "causal": causal, "mask": str(getattr(layers[0], "mask", "")), "model": repr(traj.model),
-        "projection": projection, "delta": float(delta),
+        "clusters": None if dense else
+        [int(cluster_count(X[i], tol[i])) for i in range(len(times))],
+        "order": order.tolist(),
+        "causal": bool(traj.model.is_causal), "mask": str(getattr(layers[0], "mask", "")),
+        "model": repr(traj.model), "projection": projection, "delta": float(delta),
         "renyi": renyi_centers(X[0], delta).tolist() if causal else None,
         "strong": strong_renyi_centers(X[0], delta).tolist() if causal else None,
-        "attention": _attention(traj, X[0], projection),
+        "attention": None if dense else _attention(traj, X[0], projection),
     }
+
+
+def _b64(a: np.ndarray, dtype: str = "<u4") -> str:
+    """Base64 of an array of whole numbers as little-endian dtype (default uint32)."""
+    return base64.b64encode(np.ascontiguousarray(a, dtype=dtype).tobytes()).decode("ascii")
+
+
+def _circle_density(theta: np.ndarray) -> dict[str, Any]:
+    """Counts of the angles theta (T, n) in CIRCLE_BINS equal arcs of [-pi, pi)."""
+    b = np.floor((theta + np.pi) / (2 * np.pi) * CIRCLE_BINS).astype(np.int64) % CIRCLE_BINS
+    counts = np.stack([np.bincount(row, minlength=CIRCLE_BINS) for row in b])
+    return {"kind": "circle", "bins": CIRCLE_BINS, "counts": _b64(counts)}
+
+
+def _sphere_density(P: np.ndarray) -> dict[str, Any]:
+    """Counts of the directions of P (T, n, 3) in SPHERE_BANDS x SPHERE_SECTORS equal-area
+    cells (bands of z, sectors of the azimuth); a zero projection counts as z = 0, phi = 0."""
+    length = np.linalg.norm(P, axis=-1)
+    z = np.divide(P[..., 2], length, out=np.zeros_like(length), where=length > 0)
+    band = np.clip(np.floor((z + 1.0) / 2.0 * SPHERE_BANDS), 0, SPHERE_BANDS - 1)
+    sector = np.floor((np.arctan2(P[..., 1], P[..., 0]) + np.pi) / (2 * np.pi) * SPHERE_SECTORS)
+    cell = (band * SPHERE_SECTORS + sector % SPHERE_SECTORS).astype(np.int64)
+    counts = np.stack([np.bincount(row, minlength=SPHERE_BANDS * SPHERE_SECTORS) for row in cell])
+    return {"kind": "sphere", "bands": SPHERE_BANDS, "sectors": SPHERE_SECTORS,
+            "counts": _b64(counts)}
 
 
 def unpack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -126,12 +184,30 @@ def unpack(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         raise fail("packed", f"a dict made by attnflow.explorer.pack (format {FORMAT!r})",
                    f"format {packed.get('format') if isinstance(packed, dict) else packed!r}")
     times = np.asarray(packed["times"], dtype=float)
+    if packed.get("density") is not None:
+        raise fail("packed", "a packed run holding points", "one holding binned densities "
+                   f"(n = {packed['n']} > {DENSITY_N} or density=True: see unpack_density)")
     q = np.frombuffer(base64.b64decode(packed["frames"]), dtype="<u2").astype(float)
     q = q.reshape(len(times), packed["n"], packed["k"])
     if packed["view"] == "circle":
         theta = q[..., 0] * ANGLE_STEP - np.pi
         return times, np.stack([np.cos(theta), np.sin(theta)], axis=-1)
     return times, 2.0 * q / (_LEVELS - 1) - 1.0
+
+
+def unpack_density(packed: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The times (T,) and token counts of `pack`'s binned densities: (T, CIRCLE_BINS) per arc
+    on the circle, (T, SPHERE_BANDS, SPHERE_SECTORS) per cell on the sphere (bands of z,
+    sectors of the azimuth); each frame's counts sum to n."""
+    dens = packed.get("density") if isinstance(packed, dict) else None
+    if dens is None:
+        raise fail("packed", "a packed run holding binned densities (pack with density=True "
+                   f"or more than {DENSITY_N} tokens)", "one holding points")
+    times = np.asarray(packed["times"], dtype=float)
+    counts = np.frombuffer(base64.b64decode(dens["counts"]), dtype="<u4").astype(np.int64)
+    if dens["kind"] == "circle":
+        return times, counts.reshape(len(times), dens["bins"])
+    return times, counts.reshape(len(times), dens["bands"], dens["sectors"])
 
 
 def _one_run(traj: Trajectory, run: int) -> np.ndarray:

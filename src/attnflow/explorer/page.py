@@ -17,7 +17,13 @@ from attnflow.explorer.pack import pack
 from attnflow.explorer.tracepack import is_trace, pack_trace
 from attnflow.trajectory import Trajectory
 
-__all__ = ["explore_html", "module_source", "packed_for", "page_html"]
+__all__ = ["explore_html", "module_source", "packed_for", "page_html", "script_json"]
+
+# Characters a JSON text inside <script> must not carry literally: "<" could end the script
+# ("</script") or open a comment that swallows the next one ("<!--<script"), ">" and "&" are
+# escaped with it as is usual, and U+2028/2029 end lines in older JavaScript. Each becomes
+# its JSON escape \uXXXX, which JSON.parse reads back as the same character.
+_SCRIPT_UNSAFE = {ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"}
 
 # The page's `model`: a plain object with anywidget's methods, whose `set` calls the
 # listeners of "change:<key>" at once (a page has no kernel to sync with).
@@ -63,15 +69,18 @@ h1{{font:600 16px system-ui,sans-serif;margin:0 0 4px}}
 
 def packed_for(obj: Trajectory | Any, *, run: int = 0, view: str | None = None,
                basis: Any = None, attention: bool | None = None,
-               onto: str = "pca") -> dict[str, Any]:
+               onto: str = "pca", density: bool | None = None) -> dict[str, Any]:
     """`pack` of a Trajectory or `pack_trace` of a trace (dispatch on the type). For a
     Trajectory, attention=True asks for the attention matrix (an error when the page cannot
-    compute it) and onto must be "pca"."""
+    compute it), onto must be "pca", and density is pack's (binned densities instead of
+    points: None by n)."""
     if is_trace(obj):
+        if density is not None:
+            raise fail("density", "None for a trace (it draws every token)", repr(density))
         return pack_trace(obj, view=view, basis=basis, onto=onto, attention=attention)
     if onto != "pca":
         raise fail("onto", "'pca' for a simulated run ('sphere' is for traces)", repr(onto))
-    packed = pack(obj, run=run, view=view, basis=basis)
+    packed = pack(obj, run=run, view=view, basis=basis, density=density)
     if attention and packed["attention"] is None:
         raise fail("attention", "a run whose attention matrix the page computes (n <= 400 "
                    "tokens of one layer with one head, no memory, d <= 3)",
@@ -90,17 +99,24 @@ def page_html(packed: dict[str, Any], title: str = "attnflow explorer") -> str:
     """The page's HTML for the output of `attnflow.explorer.pack` (the first frame shown,
     tokens coloured by index)."""
     state = {"data": packed, "frame": 0, "color": "index", "camera": [20.0, -60.0]}
-    # "</" never ends the inline script early: JSON allows "<\\/" for it.
-    text = json.dumps(state, separators=(",", ":")).replace("</", "<\\/")
     module = module_source()
-    if "</script" in module.lower():
-        raise fail("explorer.js", "a module without '</script'", "one with it")
-    return _PAGE.format(title=html.escape(title), state=text, module=module, shim=_SHIM)
+    if "</script" in module.lower() or "<!--" in module:
+        raise fail("explorer.js", "a module without '</script' or '<!--'", "one with it")
+    return _PAGE.format(title=html.escape(title), state=script_json(state), module=module,
+                        shim=_SHIM)
+
+
+def script_json(value: Any) -> str:
+    """value as JSON text safe inside an HTML <script> element: no string in it can end the
+    script or open one (every "<", ">", "&", U+2028 and U+2029 written as \\uXXXX, which
+    JSON.parse decodes to the same text)."""
+    return json.dumps(value, separators=(",", ":")).translate(_SCRIPT_UNSAFE)
 
 
 def explore_html(traj: Trajectory | Any, path: str | os.PathLike, *, run: int = 0,
                  view: str | None = None, basis: Any = None, title: str | None = None,
-                 attention: bool | None = None, onto: str = "pca") -> Path:
+                 attention: bool | None = None, onto: str = "pca",
+                 density: bool | None = None) -> Path:
     """Write the explorer of one run, or of a trace of a real model, as one self-contained
     HTML page (opens from disk, no network), atomically; return its path.
 
@@ -112,15 +128,19 @@ def explore_html(traj: Trajectory | Any, path: str | os.PathLike, *, run: int = 
         or the trace's patterns cannot be shown, naming what is missing), False (not shown).
     path : the page to write (a name ending in .html).
     title : the page's heading; default the model's short repr and n.
+    density : None (points up to `attnflow.explorer.pack.DENSITY_N` tokens, binned densities
+        above), True (densities), False (points, whatever n); simulated runs only.
 
     The page holds 2 bytes per token and coordinate per frame in base64 (8/3 characters)
     plus 20-35 kB of module and series: a 1000-token run on the sphere with 200 frames is
-    1.6 MB.
+    1.6 MB. A page of binned densities holds 5.5 kB a frame on the circle and 44 kB a frame
+    on the sphere, whatever n.
     """
     path = Path(path)
     if path.suffix.lower() not in (".html", ".htm"):
         raise fail("path", "a file name ending in .html", str(path))
-    packed = packed_for(traj, run=run, view=view, basis=basis, attention=attention, onto=onto)
+    packed = packed_for(traj, run=run, view=view, basis=basis, attention=attention, onto=onto,
+                        density=density)
     if title is None:
         title = (f"attnflow explorer: {packed['model']}, {packed['n']} tokens, "
                  f"{len(packed['times']) - 1} layers" if is_trace(traj) else

@@ -133,7 +133,7 @@ def pack_trace(ds: Any, *, view: str | None = None, basis: Any = None, onto: str
     return {
         "format": FORMAT, "kind": "trace", "time_label": "layer", "view": view, "n": n, "d": d,
         "k": frames.shape[-1],
-        "frames": base64.b64encode(frames.tobytes()).decode("ascii"),
+        "frames": base64.b64encode(frames.tobytes()).decode("ascii"), "density": None,
         "times": [float(t) for t in range(T)], "beta": None, "tol": None,
         "clusters": None, "order": None,
         "cosine": [float(c) for c in mean_pairwise_cosine(R)] if n >= 2 else [1.0] * T,
