@@ -66,7 +66,7 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
     run : which run of a batch.
     view : "circle" (d = 2) or "sphere" (d >= 3); default by the dimension.
     basis : for d > 3, the three directions to project onto (see `attnflow.plot.frame`;
-        default the top principal directions of all frames).
+        default the top principal directions of all frames); None for the circle view.
 
     Returns a dict with: format, view, n, d, k (coordinates per token: 1 or 3), frames
     (base64 of uint16 (T, n, k), see the module docstring), times (T,), beta (T,) and tol
@@ -94,6 +94,9 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
     order = np.linalg.norm(X.mean(axis=1), axis=-1)
     projection = ""
     if view == "circle":
+        if basis is not None:
+            raise fail("basis", "None for the circle view (d = 2 tokens are drawn as they "
+                       "are)", repr(basis))
         q = np.round((np.arctan2(X[..., 1], X[..., 0]) + np.pi) / ANGLE_STEP) % _LEVELS
         q = q[..., None]
     else:
