@@ -177,6 +177,7 @@ def test_a_fifo_index_is_refused_without_blocking(tiny, tmp_path, counted):
     index = root / "gguf" / file_checksum(tiny) / INDEX_NAME
     index.unlink()
     os.mkfifo(index)
-    with pytest.warns(CacheWarning, match=f"refused {index} \\(not a regular file\\)"):
+    with pytest.warns(CacheWarning, match=f"refused {index} \\(not a regular file\\)") as caught:
         np.testing.assert_array_equal(GGUFModel(tiny, cache=root).tensor(NAME), good)
+    assert len([w for w in caught if w.category is CacheWarning]) == 1
     assert index.is_file()  # replaced by a written index

@@ -145,9 +145,10 @@ class WeightCache:
         return self.folder / f"{name}.npy"
 
     # ------------------------------------------------------------------ index
-    def _read_index(self) -> dict[str, list]:
+    def _read_index(self, warn: bool = True) -> dict[str, list]:
         """{file name: [size, SHA-256 hex]} from index.json; empty when absent, and (with a
-        warning) when it is not a regular, well-formed index of this source."""
+        warning, unless `warn` is False) when it is not a regular, well-formed index of this
+        source."""
         path = self.folder / INDEX_NAME
         try:
             doc = json.loads(bytes(_regular_bytes(path, MAX_INDEX_BYTES)))
@@ -158,15 +159,17 @@ class WeightCache:
         except FileNotFoundError:
             return {}
         except _Refused as why:
-            self._warn(path, str(why))
+            if warn:
+                self._warn(path, str(why))
         except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
-            self._warn(path, f"unreadable ({type(err).__name__})")
+            if warn:
+                self._warn(path, f"unreadable ({type(err).__name__})")
         return {}
 
     def _record(self, filename: str, size: int, digest: str) -> None:
         """Add an entry's size and digest to the index (merged with what other processes
         recorded meanwhile; written atomically, after the entry)."""
-        records = self._read_index()
+        records = self._read_index(warn=False)  # (a refused index was reported when read)
         records[filename] = [size, digest]
         self._records = records
         write_text(self.folder / INDEX_NAME, json.dumps(
