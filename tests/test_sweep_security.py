@@ -5,6 +5,7 @@ scheduler that requires TLS is reached with `security=` or the CLI's --tls-* fil
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -13,6 +14,7 @@ pytest.importorskip("distributed")
 pytest.importorskip("cryptography")
 
 from distributed import Client  # noqa: E402
+from distributed.comm import connect  # noqa: E402
 from distributed.security import Security  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
@@ -47,6 +49,32 @@ def test_a_client_without_the_credentials_is_refused(cluster):
     with Client(address, security=cluster.security, timeout="10s",
                 set_as_default=False) as client:
         assert client.submit(sum, [1, 2], pure=False).result() == 3
+        workers = list(client.scheduler_info()["workers"])
+    # the workers listen with the same credentials: a TLS connection (below Dask's protocol)
+    # is refused without them, completed with them
+    assert workers and all(w.startswith("tls://127.0.0.1:") for w in workers)
+    for address in (cluster.scheduler_address, *workers):
+        assert handshake(address, cluster.security)
+        assert not handshake(address, Security.temporary())
+        assert not handshake(address.replace("tls://", "tcp://"), None)
+
+
+def handshake(address: str, security: Security | None) -> bool:
+    """Whether a connection to `address` with these credentials completes Dask's handshake
+    (within 10 s)."""
+    async def attempt() -> bool:
+        args = {} if security is None else security.get_connection_args("client")
+        try:
+            comm = await connect(address, timeout=5, **args)
+        except (OSError, TimeoutError):
+            return False
+        await comm.close()
+        return True
+
+    start = time.monotonic()
+    done = asyncio.run(attempt())
+    assert time.monotonic() - start < 10
+    return done
 
 
 def test_the_cli_reaches_a_tls_scheduler_with_its_files(cluster, tmp_path):

@@ -196,6 +196,9 @@ class WeightCache:
         except _Refused as why:
             self._warn(path, str(why))
             return None
+        except OSError as err:  # no permission, no memory to map it, ...
+            self._warn(path, f"unreadable ({err.strerror or type(err).__name__})")
+            return None
         return data
 
     def _warn(self, path: Path, why: str) -> None:
