@@ -34,7 +34,7 @@ BETA = r"beta: expected a real number or \+-inf \(beta of either sign; inf: hard
     ({"beta": "hot"}, BETA + r" 'hot'"),
     ({"mask": "diagonal"},
      r"mask: expected 'causal', 'full', 'window:W', FILE.npy, \('window', w\)"),
-    ({"mask": ("window", 0)}, r"mask: expected a window width w >= 1"),
+    ({"mask": ("window", 0)}, r"mask: expected a window width 1 <= w <= 2147483647"),
     ({"mask": np.ones((3, 4), bool)}, r"mask: expected a boolean \(n, n\) array"),
     ({"combine": "max"}, r"combine: expected 'sum' or 'mean', received 'max'"),
     ({"backend": "cuda9"}, r"backend: expected one of .*received 'cuda9'"),

@@ -18,6 +18,7 @@ import pytest
 
 import attnflow as af
 from attnflow.analysis import cluster_count, consumed_fraction, renyi_centers
+from attnflow.explorer.pack import pack
 from attnflow.presets import matrix_from_spec
 from attnflow.sphere import uniform
 from attnflow.sweeps import parse_spec
@@ -125,6 +126,30 @@ CASES: list[tuple[str, Callable[[], object], str]] = [
     ("sweep scheduler unknown", lambda: af.sweep(GRID, scheduler="localhost"), "scheduler"),
 ]
 
+# Issue 44's fuzz findings (hangs, OverflowError, values silently misread before): each also
+# answered within 10 s (test_former_hangs_are_answered_within_10_s).
+BOUNDED: list[tuple[str, Callable[[], object], str]] = [
+    ("t_end 2**70", sim(t_end=2**70), "t_end"),
+    ("t_end 1e308", sim(t_end=1e308), "t_end"),
+    ("t_end 1e308 dopri5", sim(t_end=1e308, method="dopri5"), "t_end"),
+    ("t_end 1e308 bdf", sim(t_end=1e308, method="bdf"), "t_end"),
+    ("dt 1e-320", sim(dt=1e-320), "dt"),
+    ("dt 1e-320 with noise", sim(dt=1e-320, method="euler", noise=0.1), "dt"),
+    ("save_at True", sim(save_at=True), "save_at"),
+    ("save_at bool array", sim(save_at=np.array([False, True])), "save_at"),
+    ("mask window 10**20", lambda: af.Attention(mask=("window", 10**20)), "mask"),
+    ("mask window:1e20 text", lambda: af.Attention(mask="window:99999999999999999999"),
+     "mask"),
+    ("harmonic beta 1e308", lambda: af.Attention(beta=1e308, backend="harmonic").field(X3),
+     "beta"),
+    ("explorer basis for d 2", lambda: pack(af.simulate(MODEL, X, 0.1), basis="abc"), "basis"),
+    ("animate size 100000", lambda: af.plot.animate(af.simulate(MODEL, X, 0.1), "m.gif",
+                                                    size=100_000), "size"),
+    ("sweep t_end 1e308", lambda: parse_spec({"grid": {**GRID, "t_end": 1e308}}),
+     "grid.t_end"),
+]
+CASES += BOUNDED
+
 
 @pytest.mark.parametrize("call, name", [pytest.param(c, n, id=i) for i, c, n in CASES])
 def test_bad_input_is_a_value_error_naming_the_argument(call, name):
@@ -134,6 +159,13 @@ def test_bad_input_is_a_value_error_naming_the_argument(call, name):
     assert re.match(rf"^[\w\[\]., /]*{re.escape(name)}[\w\[\]., /]*: expected .+, received ",
                     message), message
     assert "\n" not in message
+
+
+@pytest.mark.timeout(10, func_only=True)
+@pytest.mark.parametrize("call, name", [pytest.param(c, n, id=i) for i, c, n in BOUNDED])
+def test_former_hangs_are_answered_within_10_s(call, name):
+    with pytest.raises(ValueError, match=rf"{re.escape(name)}[\w\[\]., /]*: expected "):
+        call()
 
 
 def test_there_are_at_least_sixty_cases():
@@ -251,10 +283,11 @@ def test_a_mask_row_without_keys_is_fine_with_memory_tokens():
     assert np.isfinite(field).all() and np.abs(field).max() > 0
 
 
-@pytest.mark.parametrize("beta", [0.0, 1e-300, 1e8])
+@pytest.mark.parametrize("beta", [0.0, 1e-300, 1e8, 1e308])
 @pytest.mark.parametrize("method", ["rk4", "dopri5", "bdf"])
 def test_extreme_but_valid_settings_stay_finite(beta, method):
-    """No NaN from valid input: softmax at beta = 1e8 (scores up to 1e8) or ~0."""
+    """No NaN from valid input: softmax at beta = 1e8 (scores up to 1e8), 1e308 (beyond the
+    harmonic kernel's truncation, which auto leaves for one that takes it) or ~0."""
     traj = af.simulate(af.Attention(beta=beta), X3, 0.5, method=method)
     assert np.isfinite(traj.states).all()
     np.testing.assert_allclose(np.linalg.norm(traj.states, axis=-1), 1.0, atol=1e-8)

@@ -214,6 +214,24 @@ CASES: list[tuple[str, list[str], str]] = [
     ("unknown command", ["simulat"], "simulat"),
 ]
 
+# Issue 44's fuzz findings (hangs, OverflowError, bad_alloc before): each also answered within
+# 10 s (test_former_hangs_are_answered_within_10_s).
+BOUNDED: list[tuple[str, list[str], str]] = [
+    ("t-end 1e308", [*SIM, "--t-end", "1e308", "--out", "{out}/r.nc"], "--t-end"),
+    ("t-end 1e308 dopri5", [*SIM, "--method", "dopri5", "--t-end", "1e308", "--out",
+                            "{out}/r.nc"], "--t-end"),
+    ("t-end 2^70", [*SIM, "--t-end", str(2**70), "--out", "{out}/r.nc"], "--t-end"),
+    ("dt 1e-320", [*SIM, "--dt", "1e-320", "--out", "{out}/r.nc"], "--dt"),
+    ("mask window 1e20", [*SIM, "--mask", "window:99999999999999999999", "--out", "{out}/r.nc"],
+     "--mask"),
+    ("plot dpi 100000", ["plot", RUN, "--dpi", "100000", "--out", "{out}/p.png"], "--dpi"),
+    ("animate size 100000", ["animate", RUN, "--size", "100000", "--out", "{out}/m.gif"],
+     "--size"),
+    ("animate frames of size 8000", ["animate", RUN, "--size", "8000", "--out", "{out}/m.gif"],
+     "--frames"),
+]
+CASES += BOUNDED
+
 
 def _fill(args: list[str], inputs: Path, out: Path) -> list[str]:
     return [a.replace("{in}", str(inputs)).replace("{out}", str(out)) for a in args]
@@ -240,6 +258,22 @@ def _check(args: list[str], named: str, inputs: Path, out: Path) -> None:
 @pytest.mark.parametrize("args, named", [pytest.param(a, n, id=i) for i, a, n in CASES])
 def test_bad_input_ends_in_one_line_and_status_2(args, named, inputs, tmp_path):
     _check(args, named, inputs, tmp_path)
+
+
+@pytest.mark.timeout(10, func_only=True)
+@pytest.mark.parametrize("args, named", [pytest.param(a, n, id=i) for i, a, n in BOUNDED])
+def test_former_hangs_are_answered_within_10_s(args, named, inputs, tmp_path):
+    _check(args, named, inputs, tmp_path)
+
+
+def test_a_legal_beta_beyond_the_harmonic_truncation_runs(tmp_path):
+    """beta = 1e308 is legal: auto leaves the harmonic kernel (whose truncation it would
+    overflow) for one that takes it, and the run ends on the circle."""
+    out = tmp_path / "r.nc"
+    result = CliRunner().invoke(app, [*SIM, "--beta", "1e308", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    states = af.load(out).states
+    np.testing.assert_allclose(np.linalg.norm(states, axis=-1), 1.0, atol=1e-12)
 
 
 def test_there_are_enough_cases_and_every_command_is_covered():

@@ -347,3 +347,23 @@ def test_rk4_step_on_the_sphere_matches_the_formula(d, dtype):
     got = rk4_step(field, x, h)
     assert got.dtype == dtype
     np.testing.assert_allclose(got, want, rtol=0, atol=50 * np.finfo(dtype).eps)
+
+
+def test_the_step_count_is_bounded_before_a_run():
+    """At most MAX_STEPS steps: t_end / dt for the fixed-step methods (the error names dt
+    when the step is what is too small), t_end <= MAX_STEPS * DEFAULT_DT for the others."""
+    from attnflow.integrate import DEFAULT_DT, MAX_STEPS, check_solver_args
+
+    top = MAX_STEPS * DEFAULT_DT
+    for method in ("rk4", "dopri5", "bdf"):
+        assert check_solver_args(method, top, None, None, None, None)[0] == top
+        with pytest.raises(ValueError, match=r"^t_end: expected at most 5e\+06 \(1e\+08 steps"):
+            check_solver_args(method, top * 1.01, None, None, None, None)
+    assert check_solver_args("euler", 10.0, None, 1e-7, None, None)[2] == 1e-7
+    with pytest.raises(ValueError, match=r"^dt: expected a step >= t_end / 1e\+08 = 1e-07"):
+        check_solver_args("euler", 10.0, None, 9e-8, None, None)
+    with pytest.raises(ValueError, match=r"^t_end: expected at most 1e\+07 \(1e\+08 steps of "
+                       r"dt = 0\.1\), received 1e\+08"):
+        check_solver_args("rk4", 1e8, None, 0.1, None, None)
+    # the adaptive methods' dt is a first step: their bound is the default step's
+    assert check_solver_args("dopri5", top, None, 1e-9, None, None)[0] == top

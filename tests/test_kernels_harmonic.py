@@ -291,3 +291,22 @@ def test_auto_reads_directions_under_rk4():
     u = model.attention_inputs(x, kernel)
     np.testing.assert_allclose(np.linalg.norm(u, axis=-1), 1.0, atol=1e-15)
     np.testing.assert_array_equal(model.attention_inputs(x, dense.attend), x)
+
+
+@pytest.mark.timeout(60)
+def test_a_score_scale_beyond_max_b_is_refused_with_its_reason_and_auto_leaves_it():
+    """|beta a b| > MAX_B (a legal beta such as 1e308 has no truncation to compute): the
+    harmonic kernel refuses it naming beta and why; auto picks another kernel, and
+    harmonic_or_blocked falls back when the norms a b carry B past it. Truth: the dense
+    kernel."""
+    x = uniform(1000, 2, 0)
+    assert auto.choose(x, x, mask="causal", beta=64.0) is auto.harmonic_or_blocked
+    assert auto.choose(x, x, mask="causal", beta=1e308) is not auto.harmonic_or_blocked
+    with pytest.raises(ValueError, match=r"^beta: expected a score scale \|beta a b\| <= "
+                       r"1e\+06 for the harmonic kernel \(its order grows like sqrt\|B\|"):
+        harmonic.attend(x, x, x, 1e308, "causal")
+    q = 40.0 * x  # a b = 40: B = 4e6 at beta = 1e5
+    with pytest.raises(ValueError, match=r"^beta: .*received 4e\+06$"):
+        harmonic.check(q, x, "causal", None, "softmax", 1e5)
+    np.testing.assert_allclose(auto.harmonic_or_blocked(q, x, x, 1e5, "causal"),
+                               dense.attend(q, x, x, 1e5, "causal"), atol=1e-12)

@@ -42,7 +42,8 @@ def test_mask_text_from_a_file(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,pattern", [
-    ({"mask": "window:0"}, r"mask: expected window:W with an integer W >= 1, received 'window:0'"),
+    ({"mask": "window:0"}, r"mask: expected window:W with an integer 1 <= W <= 2147483647 \(a "
+     r"wider window is 'causal'\), received 'window:0'"),
     ({"attention": "sinkhorn:x"}, r"attention: expected softmax, unnormalised, positional, "
      r"sinkhorn or sinkhorn:IT"),
     ({"rope": "ten"}, r"rope: expected none or BASE"),

@@ -1,7 +1,11 @@
 """Dequantised GGUF weights cached on disk, keyed by the file's checksum: the second open reads
-them instead of dequantising, another file misses, a broken entry is ignored and rewritten."""
+them instead of dequantising, another file misses, a broken entry is refused with a warning and
+rewritten, an entry the index does not record (an older cache) is a quiet miss.
+(tests/test_weightcache_faults.py: the faults of issue 44 on SmolLM2.)"""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -13,7 +17,12 @@ from test_gguf import hf_weights, write_tiny  # noqa: E402
 
 import attnflow.pretrained.gguf as reader  # noqa: E402
 from attnflow.pretrained.gguf import GGUFModel  # noqa: E402
-from attnflow.pretrained.weightcache import cache_root, file_checksum  # noqa: E402
+from attnflow.pretrained.weightcache import (  # noqa: E402
+    INDEX_NAME,
+    CacheWarning,
+    cache_root,
+    file_checksum,
+)
 
 NAME = "blk.0.attn_q.weight"
 
@@ -77,7 +86,8 @@ def test_a_broken_header_entry_is_ignored_and_rewritten(tiny, tmp_path, opened):
     config = GGUFModel(tiny, cache=root).config
     entry = root / "gguf" / file_checksum(tiny) / "header.json"
     entry.write_text(entry.read_text()[:-50])
-    assert GGUFModel(tiny, cache=root).config == config
+    with pytest.warns(CacheWarning, match=r"refused .*header\.json \(\d+ bytes, \d+ recorded\)"):
+        assert GGUFModel(tiny, cache=root).config == config
     assert len(opened) == 2
     assert GGUFModel(tiny, cache=root).config == config
     assert len(opened) == 2  # rewritten whole
@@ -123,7 +133,8 @@ def test_a_broken_entry_is_ignored_and_rewritten(tiny, tmp_path, counted, damage
         entry.write_bytes(b"not an npy file")
     else:
         np.save(entry, np.zeros((2, 2), np.float32))
-    again = GGUFModel(tiny, cache=root).tensor(NAME)
+    with pytest.warns(CacheWarning, match=f"refused {entry} "):
+        again = GGUFModel(tiny, cache=root).tensor(NAME)
     np.testing.assert_array_equal(again, good)
     assert counted == [NAME, NAME]  # dequantised again ...
     np.testing.assert_array_equal(np.load(entry), good)  # ... and written back whole
@@ -144,3 +155,29 @@ def test_the_cache_root_and_off(monkeypatch, tiny, tmp_path, counted):
     assert cache_root() == tmp_path / "xdg" / "attnflow"
     with pytest.raises(ValueError, match=r"cache: expected True, False or a folder"):
         GGUFModel(tiny, cache=3)
+
+
+def test_an_unrecorded_entry_is_a_quiet_miss(tiny, tmp_path, counted, recwarn):
+    """An entry without a record (a cache written before entries were recorded, or a run
+    stopped between the entry and the index) is dequantised again, without a warning."""
+    root = tmp_path / "cache"
+    good = GGUFModel(tiny, cache=root).tensor(NAME)
+    (root / "gguf" / file_checksum(tiny) / INDEX_NAME).unlink()
+    np.testing.assert_array_equal(GGUFModel(tiny, cache=root).tensor(NAME), good)
+    assert counted == [NAME, NAME]
+    assert not [w for w in recwarn if w.category is CacheWarning]
+    GGUFModel(tiny, cache=root).tensor(NAME)
+    assert counted == [NAME, NAME]  # recorded again
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_index_is_refused_without_blocking(tiny, tmp_path, counted):
+    root = tmp_path / "cache"
+    good = GGUFModel(tiny, cache=root).tensor(NAME)
+    index = root / "gguf" / file_checksum(tiny) / INDEX_NAME
+    index.unlink()
+    os.mkfifo(index)
+    with pytest.warns(CacheWarning, match=f"refused {index} \\(not a regular file\\)") as caught:
+        np.testing.assert_array_equal(GGUFModel(tiny, cache=root).tensor(NAME), good)
+    assert len([w for w in caught if w.category is CacheWarning]) == 1
+    assert index.is_file()  # replaced by a written index

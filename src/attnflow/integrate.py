@@ -71,6 +71,10 @@ FIXED_STEP = ("euler", "rk4", "geodesic", EVENTS)
 NOISY = ("euler", "geodesic")  # the methods that take noise
 SPHERE_ONLY = ("geodesic",)
 DEFAULT_DT = 0.05
+# The most steps a run may ask for (`check_solver_args`): t_end / dt for the fixed-step
+# methods; the adaptive and implicit ones, whose step count is only known as they go, take
+# t_end <= MAX_STEPS * DEFAULT_DT (5e6 layers: beyond any horizon the recipes use, 1e4).
+MAX_STEPS = 10**8
 DEFAULT_RTOL = 1e-6
 DEFAULT_ATOL = 1e-9
 
@@ -555,7 +559,12 @@ def check_solver_args(
     if method in FIXED_STEP and (rtol is not None or atol is not None):
         raise fail("rtol/atol", f"None for the fixed-step method {method!r} (use dt)",
                    f"rtol={rtol}, atol={atol}")
-    save = np.atleast_1d(finite_array("save_at", as_times(save_at, t_end), dtype=float))
+    _check_steps(method, t_end, dt)
+    times = as_times(save_at, t_end)
+    if isinstance(times, (bool, np.bool_)) or getattr(times, "dtype", None) == np.bool_:
+        raise fail("save_at", "times (a number or a list of them), a text form or None",
+                   repr(save_at))
+    save = np.atleast_1d(finite_array("save_at", times, dtype=float))
     if save.ndim != 1 or save.size == 0:
         raise fail("save_at", "a non-empty 1-d list of times", describe(save))
     if np.any(np.diff(save) <= 0) or save[0] < 0 or save[-1] > t_end * (1 + 1e-12):
@@ -564,3 +573,19 @@ def check_solver_args(
     if save[-1] < t_end:
         save = np.append(save, t_end)
     return t_end, save, dt, rtol, atol
+
+
+def _check_steps(method: str, t_end: float, dt: float | None) -> None:
+    """Refuse a run of more than MAX_STEPS steps before it starts: t_end / dt for the
+    fixed-step methods (naming dt when it is the step that is too small), t_end above
+    MAX_STEPS * DEFAULT_DT for the others."""
+    step = dt if dt is not None and method in FIXED_STEP else DEFAULT_DT
+    if t_end <= MAX_STEPS * step:
+        return
+    if step != DEFAULT_DT and t_end <= MAX_STEPS * DEFAULT_DT:
+        raise fail("dt", f"a step >= t_end / {MAX_STEPS:.0e} = {t_end / MAX_STEPS:.3g} (at "
+                   f"most {MAX_STEPS:.0e} steps to t_end = {t_end:g})", repr(dt))
+    what = (f"{MAX_STEPS:.0e} steps of dt = {step:g}" if method in FIXED_STEP else
+            f"{MAX_STEPS:.0e} steps of {DEFAULT_DT:g}: the bound on the adaptive and implicit "
+            "methods' horizon")
+    raise fail("t_end", f"at most {MAX_STEPS * step:g} ({what})", f"{t_end:g}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from pathlib import Path
 
@@ -40,13 +41,15 @@ def plot(
     run: int = typer.Option(None, help="Run of a batch (default 0; timeseries: all runs, "
                             "mean and 10-90% band)."),
     out: Path = typer.Option(..., "--out", "-o", help="Image file (.png, .pdf, .svg)."),
-    dpi: int = typer.Option(200, min=10, help="Resolution of raster images."),
+    dpi: int = typer.Option(200, min=10, help="Resolution of raster images (at most 2^26 "
+                            "pixels in all: about 2300 dpi for a 3.4 x 3.4 in figure)."),
 ) -> None:
     """Draw one picture of a saved run and write it to an image file."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     from attnflow import plot as pictures
     from attnflow._files import atomic_path
+    from attnflow.plot._style import MAX_IMAGE_PIXELS
     from attnflow.trajectory import load
 
     output_path("--out", out, sorted(f".{k}" for k in FigureCanvasBase.get_supported_filetypes()))
@@ -70,6 +73,11 @@ def plot(
             fig = pictures.plot_timeseries(traj, run=run)
         else:
             fig = pictures.plot_attention(traj, one, run=run or 0)
+    width, height = fig.get_size_inches()
+    if width * height * dpi * dpi > MAX_IMAGE_PIXELS:
+        raise fail("--dpi", f"at most {int(math.sqrt(MAX_IMAGE_PIXELS / (width * height)))} "
+                   f"for this {width:.3g} x {height:.3g} in figure (a budget of "
+                   f"{MAX_IMAGE_PIXELS} pixels)", dpi)
     with atomic_path(out) as tmp:
         fig.savefig(tmp, dpi=dpi, format=out.suffix[1:])
     print(f"written {out}")
@@ -83,7 +91,8 @@ def animate(
                                "time, at most 120)."),
     fps: float = typer.Option(12.0, min=0.1, help="Frames per second."),
     run: int = typer.Option(0, help="Run of a batch."),
-    size: int = typer.Option(400, min=64, help="Frame width and height in pixels."),
+    size: int = typer.Option(400, min=64, help="Frame width and height in pixels (at most "
+                             "8192; frames x size^2 at most 2^28)."),
 ) -> None:
     """Write a movie of the tokens moving (circle for d = 2, sphere for d >= 3)."""
     from attnflow import plot as pictures

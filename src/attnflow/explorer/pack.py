@@ -85,7 +85,7 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
     run : which run of a batch.
     view : "circle" (d = 2) or "sphere" (d >= 3); default by the dimension.
     basis : for d > 3, the three directions to project onto (see `attnflow.plot.frame`;
-        default the top principal directions of all frames).
+        default the top principal directions of all frames); None for the circle view.
     density : None (binned densities above `DENSITY_N` tokens, points up to it), True
         (densities), False (points, whatever n).
 
@@ -120,6 +120,9 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
     order = np.linalg.norm(X.mean(axis=1), axis=-1)
     projection, binned, frames = "", None, ""
     if view == "circle":
+        if basis is not None:
+            raise fail("basis", "None for the circle view (d = 2 tokens are drawn as they "
+                       "are)", repr(basis))
         theta = np.arctan2(X[..., 1], X[..., 0])
         if dense:
             binned = _circle_density(theta)

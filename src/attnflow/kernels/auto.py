@@ -48,13 +48,15 @@ def choose(q: np.ndarray, v: np.ndarray, bias: np.ndarray | LinearBias | None = 
            beta: float | None = None) -> Kernel:
     """The kernel `attend` uses for queries q (..., n, e) and values v (..., n, f), with the
     given score bias and normalization: never one that lacks an option the call needs. The
-    harmonic kernel is considered when the mask and beta are given; beta = +-inf (hardmax)
-    goes to the dense kernel, the one with that option."""
+    harmonic kernel is considered when the mask and beta are given, |beta| <= harmonic.MAX_B
+    (a larger score scale has no truncation to compute); beta = +-inf (hardmax) goes to the
+    dense kernel, the one with that option."""
     need = needed(bias, check_normalization(normalization), beta)
     runs = int(np.prod(np.broadcast_shapes(q.shape[:-2], v.shape[:-2])))
     n = q.shape[-2]
     per_feature = 0.0  # tokens per harmonic feature, where the harmonic kernel may apply
-    if (mask is not None and beta is not None and q.shape[-1] in (2, 3)
+    if (mask is not None and beta is not None and abs(beta) <= harmonic.MAX_B
+            and q.shape[-1] in (2, 3)
             and isinstance(mask, (str, tuple)) and (bias is None or isinstance(bias, LinearBias))
             and need <= harmonic.SUPPORTS):
         per_feature = n / harmonic.features(beta, q.shape[-1])
@@ -77,7 +79,7 @@ def harmonic_or_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float
     queries' and keys' norms are only known here), else the blocked kernel, or the dense one
     for the options blocked lacks (unnormalised, positional weights)."""
     try:
-        harmonic.check(q, k, mask, bias, normalization)
+        harmonic.check(q, k, mask, bias, normalization, beta)
     except ValueError:
         fallback = (blocked.attend if needed(bias, check_normalization(normalization), beta)
                     <= blocked.SUPPORTS else dense.attend)

@@ -55,7 +55,8 @@ def _weights(scores: np.ndarray, count: float | np.ndarray, normalization: Norma
             return np.exp(scores - np.log(count))
     if normalization != "softmax":
         return np.exp(_sinkhorn(scores, normalization[1]))
-    weights = np.exp(scores - np.max(scores, axis=-1, keepdims=True))
+    with np.errstate(over="ignore"):  # finite scores a float range apart (|beta| ~ 1e308):
+        weights = np.exp(scores - np.max(scores, axis=-1, keepdims=True))  # -inf, weight 0
     weights /= np.sum(weights, axis=-1, keepdims=True)
     return weights
 

@@ -26,7 +26,10 @@ Applies to masks "full", "causal" and ("window", w), softmax, unnormalised and p
 weights (each row's exp(score) over its decayed number of keys plus the memory), any
 values v, beta of either sign or zero, memory tokens (summed directly), a `LinearBias`;
 float32 inputs are computed in float64 and returned in float32. Anything else is refused
-with the reason (`check`).
+with the reason (`check`), and so is a score scale |B| = |beta| a b above MAX_B = 1e6: the
+order grows like sqrt|B| (about 7400 on the circle at 1e6, 15 000 features per token, 5.5e7
+on S^2), and the coefficient table like |B|, so a legal beta such as 1e308 has no truncation
+to compute; backend "auto" then uses the blocked or dense kernel, which take any beta.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from attnflow.kernels.options import LinearBias, check_normalization
 from attnflow.kernels.types import Memory, Normalization
 from attnflow.parallel import parallel_ranges
 
-__all__ = ["DEFAULT_TOL", "ETA", "MIN_TOL", "SUPPORTS", "Harmonic", "attend", "check",
+__all__ = ["DEFAULT_TOL", "ETA", "MAX_B", "MIN_TOL", "SUPPORTS", "Harmonic", "attend", "check",
            "coefficients", "features", "log_energy", "order", "sums", "tail"]
 
 SUPPORTS = frozenset({"bias", "unnormalised", "positional"})  # bias: a LinearBias only
@@ -54,6 +57,7 @@ DEFAULT_TOL = 1e-12
 # Below this the round-off of the sums (a few eps of float64 per term, times the order)
 # dominates the truncation: no K can promise it.
 MIN_TOL = 1e-14
+MAX_B = 1e6  # the largest score scale |beta a b| taken (module docstring)
 # The mean weight Z_i / count_i from which a row meets tol by the a priori order; rows below
 # it are checked against their own bound (module docstring).
 ETA = 2.0 ** -10
@@ -94,6 +98,7 @@ def coefficients(B: float, d: int) -> np.ndarray:
     S^2 e^{-|B|} i_l(B) = sqrt(pi / (2 |B|)) ive(l + 1/2, |B|) (-1)^l for B < 0."""
     if abs(B) < 1e-200:  # exp(B <u, w>) = 1 to 1e-200 (and sqrt(pi / 2|B|) would overflow)
         return _read_only(np.ones(1))
+    check_scale(B)
     a = abs(B)
     top = int(a + 40 * math.sqrt(a) + 60)
     orders = np.arange(top + 1, dtype=float)
@@ -137,10 +142,21 @@ def features(B: float, d: int, tol: float = DEFAULT_TOL) -> int:
 
 
 # ---------------------------------------------------------------------- applicability
-def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any
+def check_scale(B: float) -> float:
+    """B, refused when |B| > MAX_B (module docstring)."""
+    if not abs(B) <= MAX_B:
+        raise fail("beta", f"a score scale |beta a b| <= {MAX_B:g} for the harmonic kernel "
+                   "(its order grows like sqrt|B|, its coefficient table like |B|; the "
+                   "blocked and dense kernels take any beta)", f"{B:g}")
+    return B
+
+
+def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any,
+          beta: float | None = None
           ) -> tuple[MaskSpec, LinearBias | None, Normalization, float, float]:
-    """Whether the harmonic kernel applies to a call, with the reason when not; returns the
-    canonical mask, bias and normalization and the common norms a = |q_i|, b = |k_j|."""
+    """Whether the harmonic kernel applies to a call (at `beta`, when given), with the
+    reason when not; returns the canonical mask, bias and normalization and the common norms
+    a = |q_i|, b = |k_j|."""
     mask = check_mask(mask)
     if isinstance(mask, np.ndarray):
         raise fail("mask", "'full', 'causal' or ('window', w) for the harmonic kernel (sums "
@@ -160,6 +176,8 @@ def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any
                        describe(x))
     a = _common_norm("q", q)
     b = _common_norm("k", k)
+    if beta is not None:
+        check_scale(float(beta) * a * b)
     return mask, bias, normalization, a, b
 
 
@@ -207,7 +225,7 @@ def attend(
         # NaN out, as the other kernels give, so that an integrator reports the state
         shape = (*np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), n, v.shape[-1])
         return np.full(shape, np.nan, dtype)
-    mask, bias, normalization, a, b = check(q, k, mask, bias, normalization)
+    mask, bias, normalization, a, b = check(q, k, mask, bias, normalization, beta)
     N, Z, shift = sums(q, k, v, beta, mask, memory, bias, tol, (a, b))
     if normalization == "softmax":
         out = N / Z[..., None]
@@ -231,7 +249,7 @@ def log_energy(q: np.ndarray, k: np.ndarray, beta: float, tol: float = DEFAULT_T
     tol = check_tol(tol)
     if not (isinstance(beta, (int, float, np.number)) and beta > 0):
         raise fail("beta", "a number > 0 (the energy's 1 / (2 beta))", repr(beta))
-    _, _, _, a, b = check(q, k, "full", None, "softmax")
+    _, _, _, a, b = check(q, k, "full", None, "softmax", beta)
     n = q.shape[-2]
     _, Z, s = sums(q, k, np.zeros((*q.shape[:-1], 0)), beta, "full", None, None, tol, (a, b))
     top = s.max(axis=-1, keepdims=True)  # rows summed directly carry their own shift

@@ -19,6 +19,7 @@ import numpy as np
 from attnflow._checks import describe, fail
 
 MaskSpec = Union[str, tuple, np.ndarray]
+MAX_WINDOW = 2**31 - 1  # wider than any n: such a window is the causal mask
 
 
 def check_mask(mask: Any) -> MaskSpec:
@@ -28,8 +29,10 @@ def check_mask(mask: Any) -> MaskSpec:
         return mask_from_text(mask)
     if isinstance(mask, (tuple, list)) and len(mask) == 2 and mask[0] == "window":
         w = mask[1]
-        if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer)) or w < 1:
-            raise fail("mask", "a window width w >= 1 (an integer) in ('window', w)", repr(w))
+        if (isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer))
+                or not 1 <= w <= MAX_WINDOW):
+            raise fail("mask", f"a window width 1 <= w <= {MAX_WINDOW} (an integer; a wider "
+                       "window is 'causal') in ('window', w)", repr(w))
         return ("window", int(w))
     if isinstance(mask, np.ndarray) or isinstance(mask, (list, tuple)):
         arr = np.asarray(mask)
@@ -44,8 +47,9 @@ def mask_from_text(text: str, name: str = "mask") -> MaskSpec:
     (n, n) array, loaded with allow_pickle=False). `name` is the argument named in errors."""
     if text.startswith("window:"):
         w = text.split(":", 1)[1]
-        if not w.isdigit() or int(w) < 1:
-            raise fail(name, "window:W with an integer W >= 1", repr(text))
+        if not (w.isdigit() and len(w) <= 10) or not 1 <= int(w) <= MAX_WINDOW:
+            raise fail(name, f"window:W with an integer 1 <= W <= {MAX_WINDOW} (a wider window "
+                       "is 'causal')", repr(text))
         return ("window", int(w))
     if text.endswith(".npy"):
         try:

@@ -34,6 +34,11 @@ TOKEN_CMAP = LinearSegmentedColormap.from_list(
     "attnflow_tokens", mpl.colormaps["viridis"](np.linspace(0.0, 0.85, 256)))
 RED = "#d62728"
 DEFAULT_VIEW = (25.0, -60.0)  # (elevation, azimuth) in degrees, as in matplotlib's 3D axes
+# Pixel budgets, checked before drawing: one image (a frame of a movie, or a figure saved at
+# its dpi) at most 2^26 pixels (8192 x 8192; 256 MB as RGBA), a movie at most 2^28 in all
+# (its frames are held in memory: 1 GB).
+MAX_IMAGE_PIXELS = 2**26
+MAX_MOVIE_PIXELS = 2**28
 
 
 def _figure(ax: Axes | Sequence[Axes] | None, figsize: tuple[float, float],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,13 @@ from matplotlib.figure import Figure
 from attnflow._checks import fail, positive
 from attnflow._files import atomic_path
 from attnflow.plot._input import _finite, _states, _time_range
-from attnflow.plot._style import DEFAULT_VIEW, STYLE, _token_colors
+from attnflow.plot._style import (
+    DEFAULT_VIEW,
+    MAX_IMAGE_PIXELS,
+    MAX_MOVIE_PIXELS,
+    STYLE,
+    _token_colors,
+)
 from attnflow.plot.circle import _draw_disk
 from attnflow.plot.projection import frame
 from attnflow.plot.sphere import _camera, _shaded_sphere, _sphere_grid
@@ -44,7 +51,8 @@ def animate(
     frames : number of frames, at most the number of selected saved times (default all of
         them, up to 120).
     fps : frames per second.
-    size : width and height of a frame in pixels (GIF frames share one 255-colour palette).
+    size : width and height of a frame in pixels (GIF frames share one 255-colour palette),
+        at most 8192; frames * size^2 at most 2^28 pixels (the frames are held in memory).
     max_bytes : the file may not exceed this; a larger result is an error (use fewer frames
         or a smaller size) and nothing is written.
 
@@ -63,8 +71,15 @@ def animate(
         raise fail("frames", f"a number of frames in [1, {len(idx)}] (the selected saved times)",
                    repr(frames))
     fps = positive("fps", fps)
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 64:
-        raise fail("size", "a frame width in pixels >= 64", repr(size))
+    side = math.isqrt(MAX_IMAGE_PIXELS)
+    if (isinstance(size, bool) or not isinstance(size, (int, np.integer))
+            or not 64 <= size <= side):
+        raise fail("size", f"a frame width in pixels in [64, {side}] (a budget of "
+                   f"{MAX_IMAGE_PIXELS} pixels per frame)", repr(size))
+    if frames * size * size > MAX_MOVIE_PIXELS:
+        raise fail("frames", f"at most {MAX_MOVIE_PIXELS // (size * size)} frames of {size} x "
+                   f"{size} pixels (a budget of {MAX_MOVIE_PIXELS} pixels per movie, held in "
+                   "memory)", repr(frames))
     idx = idx[np.floor(np.linspace(0, len(idx) - 1, frames) + 0.5).astype(int)]
     X = _finite("traj", X[idx], times[idx])
     images = _render(traj, X, times[idx], view, basis, int(size))

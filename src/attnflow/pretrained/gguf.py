@@ -432,12 +432,17 @@ class GGUFModel:
         """One tensor, dequantised to float32, numpy shape (rows, columns), read-only; with
         `rows` (integer indices) only those rows, in that order (GGUF quantises row by row, so
         they are the same numbers as the whole tensor's rows, at a fraction of the cost).
-        Whole tensors come from the on-disk cache when it has them, and go into it."""
+        Whole tensors come from the on-disk cache when it has them (verified, so a refused
+        entry is dequantised again and rewritten), and go into it; rows come from the cache
+        once the whole tensor has been verified, else from the file (verifying a whole
+        table to read a few rows would cost more than dequantising them)."""
         t = self._tensors.get(name)
         if t is None:
             raise fail("name", f"a tensor of {self.path.name}", repr(name))
         shape = tuple(int(s) for s in reversed(t.shape))
-        cached = None if self._cache is None else self._cache.get(name, shape)
+        cached = None  # rows alone come from the cache only once it is verified (whole)
+        if self._cache is not None:
+            cached = self._cache.get(name, shape) if rows is None else self._cache.loaded(name)
         if cached is not None:
             return cached if rows is None else _read_only(cached[rows])
         data = self._data(name)

@@ -88,8 +88,11 @@ fails (a non-finite state, say) is recorded as failed with its error while the s
 
 **Execution.** `scheduler=None`: a `distributed.LocalCluster` with one single-threaded
 worker process per CPU (and ATTNFLOW_THREADS=1 there: one kernel thread each), listening on
-127.0.0.1 only, without a dashboard unless one is asked for. An address ("tcp://host:8786")
-or a `distributed.Client`: a running cluster (``dask scheduler`` and ``dask worker``,
+127.0.0.1 only, without a dashboard unless one is asked for, its scheduler and workers
+talking TLS with temporary credentials of its own (`Security.temporary()`), so that no other
+process on the machine can join it or run code in its workers. An address
+("tls://host:8786", with `security=` its credentials) or a `distributed.Client`: a running
+cluster (``dask scheduler`` and ``dask worker``,
 dask-jobqueue, ...), whose workers need attnflow installed (and ATTNFLOW_THREADS set to their
 share of the cores). ``"serial"``: in this process, without Dask. Only the driver writes the
 store: the workers need no access to it.

@@ -38,7 +38,8 @@ class SweepIncompleteError(RuntimeError):
 Outcomes = Iterator[tuple[Task, "TaskResult | BaseException"]]
 
 
-def _check_scheduler(scheduler: Any, workers: int | None, dashboard: str | None) -> None:
+def _check_scheduler(scheduler: Any, workers: int | None, dashboard: str | None,
+                     security: Any = None) -> None:
     own_cluster = scheduler is None
     if isinstance(scheduler, str):
         known = scheduler == "serial" or "://" in scheduler
@@ -54,14 +55,30 @@ def _check_scheduler(scheduler: Any, workers: int | None, dashboard: str | None)
                    "(scheduler=None)", f"workers={workers}, dashboard={dashboard}")
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise fail("workers", "an integer >= 1", repr(workers))
+    if security is not None:
+        from distributed.security import Security
+
+        if not (isinstance(scheduler, str) and "://" in scheduler):
+            raise fail("security", "None unless scheduler is an address (the local cluster "
+                       "makes its own credentials; a Client has its own)",
+                       f"a security object with scheduler={scheduler!r}")
+        if not isinstance(security, Security):
+            raise fail("security", "a distributed.security.Security", repr(security))
 
 
 def local_cluster(workers: int | None = None, dashboard: str | None = None) -> Any:
     """The LocalCluster a sweep starts by default: `workers` single-threaded worker processes
     (default: one per CPU), each with one kernel thread (ATTNFLOW_THREADS=1), listening on
-    127.0.0.1 only, with a dashboard only at `dashboard` (e.g. "127.0.0.1:8787")."""
+    127.0.0.1 only, with a dashboard only at `dashboard` (e.g. "127.0.0.1:8787").
+
+    Its scheduler and workers talk TLS with temporary credentials made for this cluster
+    (`distributed.security.Security.temporary()`: a self-signed certificate held in memory
+    and handed to the worker processes), so another process on the machine cannot join it or
+    submit work: it must present that certificate. `Client(cluster)` gets them from
+    ``cluster.security``."""
     import dask
     from distributed import LocalCluster
+    from distributed.security import Security
 
     # Without a dashboard the scheduler still serves /health on its HTTP port, by default
     # 8787: an ephemeral loopback port instead leaves 8787 alone. Dask's nanny sets
@@ -71,14 +88,15 @@ def local_cluster(workers: int | None = None, dashboard: str | None = None) -> A
     with dask.config.set({UNTRIM: None}):
         return LocalCluster(
             n_workers=len(os.sched_getaffinity(0)) if workers is None else workers,
-            threads_per_worker=1, processes=True, host="127.0.0.1",
+            threads_per_worker=1, processes=True, host="127.0.0.1", protocol="tls://",
+            security=Security.temporary(),
             dashboard_address=dashboard, worker_dashboard_address=None,
             scheduler_kwargs={"dashboard_address": dashboard or "127.0.0.1:0"},
             env={"ATTNFLOW_THREADS": "1"})  # the workers share the CPUs
 
 
 @contextlib.contextmanager
-def _executor(scheduler: Any, workers: int | None, dashboard: str | None
+def _executor(scheduler: Any, workers: int | None, dashboard: str | None, security: Any
               ) -> Iterator[Callable[[list[Task]], Outcomes]]:
     """A function mapping tasks to (task, result or exception) in order of completion."""
     if isinstance(scheduler, str) and scheduler == "serial":
@@ -91,9 +109,10 @@ def _executor(scheduler: Any, workers: int | None, dashboard: str | None
             client = scheduler
         elif scheduler is None:
             cluster = stack.enter_context(local_cluster(workers, dashboard))
-            client = stack.enter_context(Client(cluster, set_as_default=False))
+            client = stack.enter_context(Client(cluster, set_as_default=False))  # its TLS
         else:
-            client = stack.enter_context(Client(scheduler, timeout="30s", set_as_default=False))
+            client = stack.enter_context(Client(scheduler, timeout="30s", security=security,
+                                                set_as_default=False))
         session = os.urandom(4).hex()
 
         def run(tasks: list[Task]) -> Outcomes:
@@ -126,6 +145,7 @@ def sweep(
     scheduler: Any = None,
     workers: int | None = None,
     dashboard: str | None = None,
+    security: Any = None,
     progress: bool | Callable[[int, int], None] = False,
 ) -> xr.Dataset:
     """Run a parameter sweep and return its results as an xarray Dataset.
@@ -142,7 +162,12 @@ def sweep(
     scheduler : None (a LocalCluster on 127.0.0.1; it spawns worker processes, so a script
         calling this needs the ``if __name__ == "__main__":`` guard), "serial" (this
         process, no Dask: best for small grids), a scheduler address such as
-        "tcp://10.0.0.5:8786", or a distributed.Client.
+        "tls://10.0.0.5:8786", or a distributed.Client. The LocalCluster talks TLS with
+        temporary credentials of its own, so no other process can join it (`local_cluster`).
+    security : a `distributed.security.Security` with the credentials to connect to the
+        scheduler at an address, e.g. ``Security(tls_ca_file="ca.pem",
+        tls_client_cert="me.pem", tls_client_key="me.key", require_encryption=True)``;
+        None: Dask's configuration (``distributed.comm.tls.*``). Only with an address.
     workers : worker processes of the LocalCluster (default: one per CPU).
     dashboard : address for the LocalCluster's dashboard, e.g. "127.0.0.1:8787" (default: none).
     progress : True for a progress bar on stderr, or a callable receiving (runs finished,
@@ -174,8 +199,9 @@ def sweep(
     if out is None:
         with tempfile.TemporaryDirectory(prefix="attnflow-sweep-") as tmp:
             return sweep(spec, out=Path(tmp) / "sweep.zarr", scheduler=scheduler,
-                         workers=workers, dashboard=dashboard, progress=progress).load()
-    _check_scheduler(scheduler, workers, dashboard)
+                         workers=workers, dashboard=dashboard, security=security,
+                         progress=progress).load()
+    _check_scheduler(scheduler, workers, dashboard, security)
     path = Path(out)
     group = open_store(path, spec)
     tasks = pending(group, plan(spec))
@@ -187,7 +213,8 @@ def sweep(
             forward=lambda callback, done: callback(done, spec.n_runs)))
         report = bar or (lambda done: None)
         report(finished)
-        run = stack.enter_context(_executor(scheduler, workers, dashboard)) if tasks else list
+        run = (stack.enter_context(_executor(scheduler, workers, dashboard, security))
+               if tasks else list)
         for task, outcome in run(tasks):
             if isinstance(outcome, BaseException):
                 lost.append((task.label, outcome))
