@@ -40,11 +40,12 @@ def reference(q, k, v, beta, mask, memory=None, bias=None):
 @pytest.mark.parametrize("mask", ["full", "causal", ("window", 7)])
 @pytest.mark.parametrize("beta", [5.0, -3.0, 0.0])
 def test_matches_dense(dtype, mask, beta):
-    """Runs along two leading axes, e = 3, f = 2, n = 37 (not a multiple of the blocks)."""
+    """Runs along two leading axes, e = 3, f = 2, n = 37 (not a multiple of the blocks of
+    16: three row blocks, windows starting inside a key block)."""
     rng = np.random.default_rng(1)
     q, k = (rng.standard_normal((2, 3, 37, 3)).astype(dtype) for _ in range(2))
     v = rng.standard_normal((2, 3, 37, 2)).astype(dtype)
-    out = run(q, k, v, beta, mask)
+    out = run(q, k, v, beta, mask, block_m=16, block_n=16)
     assert out.dtype == dtype and out.shape == v.shape
     np.testing.assert_allclose(out, reference(q, k, v, beta, mask), rtol=0, atol=TOL[dtype])
 
@@ -138,3 +139,16 @@ def test_compiled_at_size(dtype):
     np.testing.assert_allclose(run(y, y, y, 4.0, ("window", 700)),
                                reference(y, y, y, 4.0, ("window", 700)), rtol=0,
                                atol=TOL[dtype] * 10)
+
+
+def test_exp_floor_chain():
+    """The floor kernel of benchmarks/gpu.py computes the chain it claims: x <- 2^-x."""
+    from attnflow.kernels._triton_attend import exp2_chain
+
+    x0 = torch.rand(64, dtype=torch.float64, device=DEVICE)
+    x = x0.clone()
+    exp2_chain[(2,)](x, 5, BLOCK=32)
+    want = x0.cpu().numpy()
+    for _ in range(5):
+        want = 2.0 ** -want
+    np.testing.assert_allclose(x.cpu().numpy(), want, rtol=1e-14)

@@ -71,7 +71,8 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
     bias : optional (n, n) score bias (finite or -inf; numpy or torch).
     tangent : optional points x (..., n, f): the output is projected onto their tangent
         spaces, out - <out, x> x (x unit: the sphere's field P_x(attention)).
-    block_m, block_n : queries and keys per block (powers of two; default from n).
+    block_m, block_n : queries and keys per block (powers of two >= 16; default from n and
+        the device: 64 and 64 (32 for f > 4) on a GPU, up to 256 in the interpreter).
 
     Returns (..., n, f) on q's device, in q's dtype (float32 or float64; k, v and tangent in
     the same dtype and on the same device).
@@ -104,8 +105,10 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
     window = mask[1] if isinstance(mask, tuple) else 0
     bias_t = _bias(bias, mask, n, dtype, device)
     mk, mv, mlog = _memory(memory, e, f, dtype, device)
-    bm = block_m or min(64, max(16, _next_power_of_2(n)))
-    bn = block_n or min(64 if f <= 4 else 32, max(16, _next_power_of_2(n)))
+    # The interpreter's cost is per block operation, not per pair: it gets the largest blocks.
+    most = 256 if q.device.type != "cuda" else None
+    bm = block_m or min(most or 64, max(16, _next_power_of_2(n)))
+    bn = block_n or min(most or (64 if f <= 4 else 32), max(16, _next_power_of_2(n)))
     blocks = -(-n // bm)
     if runs and n:
         program.attend_kernel[(runs * blocks,)](
