@@ -99,3 +99,18 @@ def test_refusals_one_line():
     with pytest.raises(ValueError, match="^k: expected rows of one common norm"):
         harmonic_torch.attend_tensor(x, x * torch.arange(1, 6)[:, None], x, 1.0, "causal")
     assert np.isnan(harmonic_torch.attend_tensor(x * np.nan, x, x, 1.0, "causal").numpy()).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("d", [2, 3])
+def test_on_the_device_matches_numpy_kernel(d):
+    """On CUDA at n = 2e5 (several chunks of the scan), against the numpy harmonic kernel."""
+    from attnflow.kernels import harmonic
+
+    rng = np.random.default_rng(20 + d)
+    x = sphere(rng, (1, 200_000, d))
+    beta = 64.0 if d == 2 else 9.0
+    got = harmonic_torch.attend_tensor(*(torch.from_numpy(x).cuda(),) * 3, beta, "causal")
+    np.testing.assert_allclose(got.cpu().numpy(), harmonic.attend(x, x, x, beta, "causal"),
+                               rtol=0, atol=TOL)
