@@ -42,32 +42,29 @@ def attend_kernel(Q, K, V, X, OUT, BIAS, MK, MV, MLOG,
     m_i = tl.full([BLOCK_M], float("-inf"), dtype)
     l_i = tl.zeros([BLOCK_M], dtype)
     acc = tl.zeros([BLOCK_M, FP], dtype)
-    lo = 0
-    hi = n
-    if MASK != FULL:
-        hi = tl.minimum(n, (blk + 1) * BLOCK_M)
-    if MASK == WINDOW:
-        lo = tl.maximum(0, blk * BLOCK_M - window + 1)
-        lo = lo - lo % BLOCK_N  # key blocks aligned, whichever lo
-    for start in range(lo, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        s = tl.zeros([BLOCK_M, BLOCK_N], dtype)
-        for c in tl.static_range(E):
-            qc = tl.load(q_at + c, mask=live, other=0.0)
-            kc = tl.load(K + run * skb + cols * skn + c, mask=cols < n, other=0.0)
-            s += qc[:, None] * kc[None, :]
-        allowed = (cols[None, :] < n) & live[:, None]
-        if MASK != FULL:
-            allowed = allowed & (cols[None, :] <= rows[:, None])
+    k_at = K + run * skb
+    v_at = V + run * svb
+    if MASK == FULL:
+        for start in range(0, n, BLOCK_N):
+            m_i, l_i, acc = _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf, fmask,
+                                       n, window, skn, svn, m_i, l_i, acc, MASK, True, HAS_BIAS,
+                                       E, BLOCK_M, BLOCK_N)
+    else:
+        diagonal = blk * BLOCK_M  # key blocks before it lie wholly below every row's diagonal
+        lo = 0
         if MASK == WINDOW:
-            allowed = allowed & (cols[None, :] > rows[:, None] - window)
-        if HAS_BIAS:
-            s += tl.load(BIAS + rows[:, None].to(tl.int64) * n + cols[None, :], mask=allowed,
-                         other=0.0)
-        s = tl.where(allowed, s, float("-inf"))
-        vt = tl.load(V + run * svb + cols[:, None] * svn + cf[None, :],
-                     mask=(cols[:, None] < n) & fmask[None, :], other=0.0)
-        m_i, l_i, acc = _absorb(s, vt, m_i, l_i, acc)
+            lo = tl.maximum(0, diagonal - window + 1)
+            lo = lo - lo % BLOCK_N  # key blocks aligned, whichever lo
+        else:
+            for start in range(0, diagonal, BLOCK_N):  # causal: every key allowed, no test
+                m_i, l_i, acc = _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf,
+                                           fmask, n, window, skn, svn, m_i, l_i, acc, MASK,
+                                           False, HAS_BIAS, E, BLOCK_M, BLOCK_N)
+            lo = diagonal
+        for start in range(lo, tl.minimum(n, diagonal + BLOCK_M), BLOCK_N):
+            m_i, l_i, acc = _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf, fmask,
+                                       n, window, skn, svn, m_i, l_i, acc, MASK, True, HAS_BIAS,
+                                       E, BLOCK_M, BLOCK_N)
     for start in range(0, m, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         s = tl.zeros([BLOCK_M, BLOCK_N], dtype)
@@ -88,6 +85,35 @@ def attend_kernel(Q, K, V, X, OUT, BIAS, MK, MV, MLOG,
         out = out - tl.sum(out * x, axis=1)[:, None] * x
     tl.store(OUT + run * sob + rows[:, None] * son + cf[None, :], out,
              mask=live[:, None] & fmask[None, :])
+
+
+@triton.jit
+def _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf, fmask, n, window, skn, svn,
+               m_i, l_i, acc, MASK: tl.constexpr, CHECK: tl.constexpr, HAS_BIAS: tl.constexpr,
+               E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The keys start..start + BLOCK_N - 1 of one run joined to the rows' running sums. CHECK:
+    test each pair against n and the mask's band (False: the caller knows every key of the
+    block is allowed for every row, a causal block below the diagonal)."""
+    cols = start + tl.arange(0, BLOCK_N)
+    s = tl.zeros([BLOCK_M, BLOCK_N], m_i.dtype)
+    for c in tl.static_range(E):
+        qc = tl.load(q_at + c, mask=live, other=0.0)
+        kc = tl.load(k_at + cols * skn + c, mask=cols < n, other=0.0)
+        s += qc[:, None] * kc[None, :]
+    allowed = live[:, None] & (cols[None, :] < n)
+    if CHECK:
+        if MASK != FULL:
+            allowed = allowed & (cols[None, :] <= rows[:, None])
+        if MASK == WINDOW:
+            allowed = allowed & (cols[None, :] > rows[:, None] - window)
+    if HAS_BIAS:
+        s += tl.load(BIAS + rows[:, None].to(tl.int64) * n + cols[None, :], mask=allowed,
+                     other=0.0)
+    if CHECK:
+        s = tl.where(allowed, s, float("-inf"))
+    vt = tl.load(v_at + cols[:, None] * svn + cf[None, :],
+                 mask=(cols[:, None] < n) & fmask[None, :], other=0.0)
+    return _absorb(s, vt, m_i, l_i, acc)
 
 
 @triton.jit

@@ -61,7 +61,7 @@ def _program() -> Any:
 def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
                   memory: Memory | None = None, bias: Any = None, *,
                   tangent: Any = None, block_m: int | None = None,
-                  block_n: int | None = None) -> Any:
+                  block_n: int | None = None, num_warps: int = 4) -> Any:
     """Masked softmax attention on torch tensors, fused in one Triton pass.
 
     q, k : (..., n, e) queries and keys, e <= 64 (2..16 is what it is for).
@@ -72,7 +72,8 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
     tangent : optional points x (..., n, f): the output is projected onto their tangent
         spaces, out - <out, x> x (x unit: the sphere's field P_x(attention)).
     block_m, block_n : queries and keys per block (powers of two >= 16; default from n and
-        the device: 64 and 64 (32 for f > 4) on a GPU, up to 256 in the interpreter).
+        the device: 64 and 64 (32 for f > 4) on a GPU, up to 256 in the interpreter);
+        block_n divides block_m. num_warps : warps per program on a GPU (Triton's default 4).
 
     Returns (..., n, f) on q's device, in q's dtype (float32 or float64; k, v and tangent in
     the same dtype and on the same device).
@@ -109,6 +110,9 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
     most = 256 if q.device.type != "cuda" else None
     bm = block_m or min(most or 64, max(16, _next_power_of_2(n)))
     bn = block_n or min(most or (64 if f <= 4 else 32), max(16, _next_power_of_2(n)))
+    if bm % bn:
+        raise fail("block_n", f"a divisor of block_m = {bm} (key blocks aligned with the "
+                   "diagonal)", repr(bn))
     blocks = -(-n // bm)
     if runs and n:
         program.attend_kernel[(runs * blocks,)](
@@ -117,7 +121,7 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
             qs.stride(0), qs.stride(1), ks.stride(0), ks.stride(1), vs.stride(0),
             vs.stride(1), xs.stride(0), xs.stride(1), out.stride(0), out.stride(1),
             MASK=code, HAS_BIAS=bias_t is not None, PROJECT=tangent is not None,
-            E=e, F=f, FP=_next_power_of_2(f), BLOCK_M=bm, BLOCK_N=bn)
+            E=e, F=f, FP=_next_power_of_2(f), BLOCK_M=bm, BLOCK_N=bn, num_warps=num_warps)
     return out.reshape(*lead, n, f)
 
 
