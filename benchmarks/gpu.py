@@ -36,6 +36,7 @@ other rows still run.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import subprocess
@@ -119,6 +120,11 @@ class Bench:
         return need <= self.free_bytes() / 2, need
 
 
+def pct(x: float) -> str:
+    """A ratio as a percentage with three significant digits."""
+    return f"{100 * x:.3g} %"
+
+
 def gib(x: float) -> str:
     return f"{x / 2**30:.3g} GiB"
 
@@ -151,10 +157,20 @@ def field_padded(x, beta: float = BETA):
     return project(x, padded_sdpa(x, x, x, beta))
 
 
-def field_triton(x, beta: float = BETA):
+def field_triton(x, beta: float = BETA, **blocks):
     from attnflow.kernels.triton_fused import attend_tensor
 
-    return attend_tensor(x, x, x, beta, "causal", tangent=x)
+    return attend_tensor(x, x, x, beta, "causal", tangent=x, **blocks)
+
+
+def triton_configs(b: Bench, sizes: list[tuple[int, int, int]]) -> list[tuple[str, dict]]:
+    """(label, block arguments) of the fused kernel: its default, and on a GPU each of
+    `sizes` (block_m, block_n, num_warps) as well, so that one run shows which is fastest."""
+    out = [("Triton fused", {})]
+    if b.cuda:
+        out += [(f"Triton fused {m}x{n}/{w}w", dict(block_m=m, block_n=n, num_warps=w))
+                for m, n, w in sizes]
+    return out
 
 
 def field_harmonic(x, beta: float = BETA):
@@ -255,7 +271,10 @@ def row_w1(b: Bench) -> None:
     a = fused.attend(check, check, check, BETA, "causal")
     want = a - np.sum(a * check, -1, keepdims=True) * check
     finals = {}
-    for label, field in (("SDPA + projection", field_sdpa), ("Triton fused", field_triton)):
+    fields = [("SDPA + projection", field_sdpa)] + [
+        (label, functools.partial(field_triton, **blocks)) for label, blocks in
+        triton_configs(b, [(16, 16, 1), (32, 32, 1), (32, 32, 2), (64, 32, 4), (64, 64, 4)])]
+    for label, field in fields:
         for dtype in (torch.float64, torch.float32):
             name = str(dtype).split(".")[1]
             x = x0.to(dtype)
@@ -275,7 +294,7 @@ def row_w1(b: Bench) -> None:
                 drift = float((finals[label, name] - finals[label, "float64"]).abs().max())
                 agree += f"; final x32 - x64 {drift:.1e}"
             b.row("W1", f"RK4 {steps} steps, {label}", f"B={runs}, n={N}", name, wall,
-                  f"{pairs / wall:.3g} pairs/s", f"{floor:.1%}", agree, TARGETS[f"W1 {name}"])
+                  f"{pairs / wall:.3g} pairs/s", pct(floor), agree, TARGETS[f"W1 {name}"])
     if ("SDPA + projection", "float64") in finals and ("Triton fused", "float64") in finals:
         gap = float((finals["SDPA + projection", "float64"]
                      - finals["Triton fused", "float64"]).abs().max())
@@ -291,12 +310,14 @@ def row_e1(b: Bench) -> None:
     rows = torch.randint(0, n, (64,), generator=torch.Generator().manual_seed(2))
     from attnflow.kernels.triton_fused import attend_tensor
 
-    wall, out = b.timed(lambda: attend_tensor(x, x, x, BETA, "causal"), repeat=1 if b.quick
-                        else 3)
-    err = sampled_rows_error(torch, out, x, BETA, rows)
-    b.row("E1", "one causal evaluation, Triton fused", f"n={n}, d=2", "float32", wall,
-          f"{pairs / wall:.3g} pairs/s", f"{pairs / wall / b.floors['exp float32']:.1%}",
-          f"64 rows vs float64 {err:.1e}", TARGETS["E1"])
+    for label, blocks in triton_configs(b, [(64, 64, 4), (128, 64, 8), (128, 128, 8)]):
+        wall, out = b.timed(lambda blocks=blocks: attend_tensor(x, x, x, BETA, "causal",
+                                                                **blocks),
+                            repeat=1 if b.quick else 3)
+        err = sampled_rows_error(torch, out, x, BETA, rows)
+        b.row("E1", f"one causal evaluation, {label}", f"n={n}, d=2", "float32", wall,
+              f"{pairs / wall:.3g} pairs/s", pct(pairs / wall / b.floors['exp float32']),
+              f"64 rows vs float64 {err:.1e}", TARGETS["E1"])
     for dtype in (torch.float32, torch.float16):
         name = str(dtype).split(".")[1]
         xs = x.to(dtype)
@@ -304,7 +325,7 @@ def row_e1(b: Bench) -> None:
                             else 3)
         err = sampled_rows_error(torch, out, x, BETA, rows)
         b.row("E1", "SDPA, head padded to 8 (comparison)", f"n={n}, d=2", name, wall,
-              f"{pairs / wall:.3g} pairs/s", f"{pairs / wall / b.floors['exp float32']:.1%}",
+              f"{pairs / wall:.3g} pairs/s", pct(pairs / wall / b.floors['exp float32']),
               f"64 rows vs float64 {err:.1e}", "")
 
 
@@ -328,7 +349,7 @@ def row_h1(b: Bench) -> None:
     err = sampled_rows_error(torch, out, x, BETA, rows)
     floor = harmonic_traffic(n) / b.floors["copy"] / wall
     b.row("H1", "harmonic kernel, circle, causal, beta 64", f"n={n}", "float64", wall,
-          f"{n / wall:.3g} rows/s", f"{floor:.1%} (moments' traffic)",
+          f"{n / wall:.3g} rows/s", f"{pct(floor)} (moments' traffic)",
           f"16 rows vs float64 {err:.1e}", TARGETS["H1"])
 
 
@@ -354,7 +375,7 @@ def row_h4(b: Bench, budget_s: float = 60.0) -> None:
     unit = float((xf.norm(dim=-1) - 1).abs().max())
     floor = 4 * steps * harmonic_traffic(n) / b.floors["copy"] / wall
     b.row("H4", f"RK4 dt={DT} to t={t_end:g}, harmonic, causal, beta 64", f"n={n}", "float64",
-          wall, f"{4 * steps * n / wall:.3g} rows/s", f"{floor:.1%} (moments' traffic)",
+          wall, f"{4 * steps * n / wall:.3g} rows/s", f"{pct(floor)} (moments' traffic)",
           f"field 16 rows vs float64 {err:.1e}; |x| - 1 {unit:.1e}{note}", TARGETS["H4"])
 
 
@@ -385,7 +406,7 @@ def row_w2(b: Bench) -> None:
         diff = float((out.float() - ref[:, 0].float()).abs().max())
         b.row("W2", "one causal evaluation, attnflow tensor path", f"n={n}, d={d}", name, wall,
               f"{wall / bare:.2f}x bare SDPA ({bare * 1e3:.1f} ms)",
-              f"{2 * n * n * d / wall / gemm:.1%} of f32 GEMM", f"vs bare SDPA {diff:.1e}",
+              f"{pct(2 * n * n * d / wall / gemm)} of f32 GEMM", f"vs bare SDPA {diff:.1e}",
               TARGETS["W2"])
 
 
