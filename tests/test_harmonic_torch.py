@@ -63,9 +63,11 @@ def test_rows_far_from_their_keys_summed_directly():
 
 
 def test_chunked_two_level_scan(monkeypatch):
-    """Small scan blocks and chunks: the carry between chunks and the blocks' prefix sums."""
+    """Small scan blocks and chunks: chunks of 80 rows (five blocks of 16; H = 55 features at
+    B = 8, F = 3, two runs), the last of 61 (three blocks and 13 rows), the carry between."""
     monkeypatch.setattr(harmonic_torch, "SCAN_BLOCK", 16)
-    monkeypatch.setattr(harmonic_torch, "CHUNK_ELEMENTS", 2 * 3 * 27 * 48)
+    monkeypatch.setattr(harmonic_torch, "CHUNK_ELEMENTS", 2 * 3 * 55 * 80)
+    assert harmonic_torch._chunks(2, 301, 3, 55) == (range(0, 301, 80), 80)
     rng = np.random.default_rng(4)
     x = sphere(rng, (2, 301, 2))
     v = rng.standard_normal((2, 301, 2))

@@ -14,10 +14,11 @@ directly, as in the numpy kernel, so every row's output errs by at most 2 tol ma
 round-off.
 
 Round-off: the prefix sums are two-level, torch.cumsum within blocks of SCAN_BLOCK rows, then
-over the blocks' totals, and a Kahan-compensated carry between the chunks of rows that bound
-the memory; a row's moments thus err by about (SCAN_BLOCK + n / SCAN_BLOCK) eps sum|terms|
-(at n = 10^7: 1e4 eps, 2e-12 of the sum) where the numpy kernel's compensated running sums
-do not grow with n.
+over the blocks' totals (the running total carried across the chunks of rows that bound the
+memory), in place; a row's moments thus err by about (SCAN_BLOCK + n / SCAN_BLOCK) eps
+sum|terms| (at n = 10^7: 1e4 eps, 2e-12 of the sum) where the numpy kernel's compensated
+running sums do not grow with n. Per chunk the moments are written once, scanned in place
+and read once by a batched matrix-vector product (about six passes over R c F H float64).
 
 Applies to masks "full" and "causal", softmax weights, beta of either sign or zero, memory
 tokens (summed directly); computed in float64 on the device, returned in v's dtype.
@@ -178,43 +179,43 @@ def _total(u: Any, w: Any, vv: Any, lam: Any, K: int) -> Any:
 
 def _prefix(u: Any, w: Any, vv: Any, lam: Any, K: int) -> Any:
     """(R, n, F): every row's sums over the keys j <= i (the causal mask), by two-level
-    prefix sums chunk by chunk with a compensated carry (module docstring)."""
+    prefix sums chunk by chunk, the running total carried between chunks (module docstring)."""
     import torch
 
     R, n, F = vv.shape
     H = _harmonic.feature_count(u.shape[-1], K)
     starts, rows = _chunks(R, n, F, H)
     out = torch.empty_like(vv)
-    carry = torch.zeros((R, 1, F, H), dtype=vv.dtype, device=vv.device)
-    comp = torch.zeros_like(carry)
+    carry = torch.zeros((R, F, H), dtype=vv.dtype, device=vv.device)
     for lo in starts:
         hi = min(n, lo + rows)
         fw = features(w[:, lo:hi], K)
-        terms = vv[:, lo:hi, :, None] * fw[:, :, None, :]  # (R, c, F, H)
-        S = _scan(terms) + carry
+        S = vv[:, lo:hi, :, None] * fw[:, :, None, :]  # (R, c, F, H): the keys' terms
+        carry = _prefix_sums_(S, carry)  # now the moments S(i)
         g = fw if u is w else features(u[:, lo:hi], K)
-        out[:, lo:hi] = torch.einsum("rch,rcfh->rcf", g * lam, S)
-        y = terms.sum(1, keepdim=True) - comp  # Kahan: carry += the chunk's total
-        t = carry + y
-        comp = (t - carry) - y
-        carry = t
+        out[:, lo:hi] = torch.matmul(S, (g * lam)[..., None])[..., 0]
     return out
 
 
-def _scan(terms: Any) -> Any:
-    """Inclusive prefix sums along axis 1 of (R, c, F, H): cumsum within blocks of SCAN_BLOCK
-    rows, plus the exclusive prefix sums of the blocks' totals."""
-    import torch
-
-    R, c, F, H = terms.shape
-    if c <= SCAN_BLOCK:
-        return torch.cumsum(terms, 1)
-    pad = -c % SCAN_BLOCK
-    blocks = torch.nn.functional.pad(terms, (0, 0, 0, 0, 0, pad)).reshape(
-        R, (c + pad) // SCAN_BLOCK, SCAN_BLOCK, F, H)
-    inner = torch.cumsum(blocks, 2)
-    before = torch.cumsum(inner[:, :, -1], 1) - inner[:, :, -1]
-    return (inner + before[:, :, None]).reshape(R, c + pad, F, H)[:, :c]
+def _prefix_sums_(S: Any, carry: Any) -> Any:
+    """Replace the terms S (R, c, F, H) by their inclusive prefix sums along axis 1 plus
+    carry (R, F, H), in place: cumsum within blocks of SCAN_BLOCK rows, plus the exclusive
+    prefix sums of the blocks' totals (rows past the last whole block: one cumsum). Returns
+    the new carry, S's last row."""
+    R, c, F, H = S.shape
+    whole = c - c % SCAN_BLOCK
+    if whole:
+        blocks = S[:, :whole].view(R, whole // SCAN_BLOCK, SCAN_BLOCK, F, H)
+        blocks.cumsum_(2)
+        totals = blocks[:, :, -1]
+        before = totals.cumsum(1) - totals + carry[:, None]
+        blocks += before[:, :, None]
+        carry = S[:, whole - 1]
+    if whole < c:
+        rest = S[:, whole:]
+        rest.cumsum_(1)
+        rest += carry[:, None]
+    return S[:, c - 1].clone()
 
 
 def _memory_sums(q: Any, memory: Memory, beta: float, s: float) -> Any:
