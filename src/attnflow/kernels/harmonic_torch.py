@@ -170,11 +170,19 @@ def _chunks(runs: int, n: int, F: int, H: int) -> tuple[range, int]:
 
 
 def _total(u: Any, w: Any, vv: Any, lam: Any, K: int) -> Any:
-    """(R, n, F): every row's sums over all keys (the full mask): one total of moments."""
+    """(R, n, F): every row's sums over all keys (the full mask): one total of moments,
+    summed and read chunk by chunk of rows (`_chunks`)."""
     import torch
 
-    T = torch.einsum("rnh,rnf->rfh", features(w, K), vv)
-    return torch.einsum("rnh,rfh->rnf", features(u, K) * lam, T)
+    R, n, F = vv.shape
+    starts, rows = _chunks(R, n, F, _harmonic.feature_count(u.shape[-1], K))
+    T = sum(torch.einsum("rch,rcf->rfh", features(w[:, lo:lo + rows], K), vv[:, lo:lo + rows])
+            for lo in starts)
+    out = torch.empty_like(vv)
+    for lo in starts:
+        g = features(u[:, lo:lo + rows], K) * lam
+        out[:, lo:lo + rows] = torch.einsum("rch,rfh->rcf", g, T)
+    return out
 
 
 def _prefix(u: Any, w: Any, vv: Any, lam: Any, K: int) -> Any:
