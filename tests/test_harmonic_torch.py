@@ -90,6 +90,17 @@ def test_features_reproduce_the_kernel():
     np.testing.assert_allclose(got, np.exp(B * u @ w.T - B), rtol=0, atol=1e-13)
 
 
+def test_float32_in_float32_out():
+    """float32 inputs are computed in float64 and returned in float32."""
+    rng = np.random.default_rng(7)
+    x = sphere(rng, (1, 40, 2)).astype(np.float32)
+    got = run(x, x, x, 10.0, "causal")
+    assert got.dtype == np.float32
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(got, dense.attend(x64, x64, x64, 10.0, "causal"), rtol=0,
+                               atol=1e-7)
+
+
 def test_refusals_one_line():
     x = torch.from_numpy(sphere(np.random.default_rng(6), (5, 2)))
     with pytest.raises(ValueError, match="^mask: expected 'full' or 'causal'"):

@@ -152,3 +152,25 @@ def test_exp_floor_chain():
     for _ in range(5):
         want = 2.0 ** -want
     np.testing.assert_allclose(x.cpu().numpy(), want, rtol=1e-14)
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter's setup, on a machine without a GPU")
+def test_interpreter_selected_too_late_is_named():
+    """TRITON_INTERPRET=1 set after triton was imported: one clear line, not Triton's error
+    from inside the interpreter."""
+    import subprocess
+    import sys
+
+    code = ("import os, torch, triton\n"
+            "os.environ['TRITON_INTERPRET'] = '1'\n"
+            "from attnflow.kernels import triton_fused\n"
+            "x = torch.zeros((4, 2))\n"
+            "try:\n"
+            "    triton_fused.attend_tensor(x, x, x, 1.0, 'causal')\n"
+            "except RuntimeError as err:\n"
+            "    print(err)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert "TRITON_INTERPRET=1 was set after triton was first imported" in done.stdout, (
+        done.stdout + done.stderr)

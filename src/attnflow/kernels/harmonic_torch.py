@@ -85,7 +85,8 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
     vv = torch.cat([flat(v), torch.ones((runs, n, 1), dtype=torch.float64, device=q.device)], -1)
     if not bool(torch.isfinite(qf).all() & torch.isfinite(kf).all() & torch.isfinite(vv).all()):
         return torch.full((*lead, n, f), math.nan, dtype=v.dtype, device=v.device)
-    a, b = _common_norm("q", qf), _common_norm("k", kf)
+    a, b = (_common_norm(name, x, torch.finfo(given.dtype).eps)
+            for name, x, given in (("q", qf, q), ("k", kf, k)))
     B = float(beta) * a * b
     K = order(B, d, tol)
     degree = _harmonic.degrees(d, K)
@@ -138,12 +139,12 @@ def features(u: Any, K: int) -> Any:
     return torch.stack(cols, -1)
 
 
-def _common_norm(name: str, x: Any) -> float:
+def _common_norm(name: str, x: Any, eps: float) -> float:
     """The norm every row of x shares, read from its first row; refused when they differ
-    beyond round-off (as `attnflow.kernels.harmonic`)."""
+    beyond the round-off of the given dtype (eps; as `attnflow.kernels.harmonic`)."""
     norms = x.norm(dim=-1).reshape(-1)
     top, low = float(norms.max()), float(norms.min())
-    if top - low > 64 * np.finfo(np.float64).eps * max(top, 1.0):
+    if top - low > 64 * eps * max(top, 1.0):
         which = "Q" if name == "q" else "K"
         raise fail(name, f"rows of one common norm for the harmonic kernel ({which} a multiple "
                    "of an orthogonal matrix, tokens on the sphere)",

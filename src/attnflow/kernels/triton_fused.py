@@ -49,12 +49,20 @@ def available() -> bool:
 
 
 def _program() -> Any:
-    """The Triton program (`attnflow.kernels._triton_attend`), imported on first use."""
+    """The Triton program (`attnflow.kernels._triton_attend`), imported on first use; refused
+    when it would be interpreted by a triton imported before TRITON_INTERPRET was set (whose
+    own functions were then compiled, not interpreted: Triton fails obscurely)."""
     try:
+        import triton.language as tl
+
         from attnflow.kernels import _triton_attend
     except ImportError as err:
         raise ImportError("the Triton kernels need triton: pip install 'attnflow[gpu]' "
                           f"({err})") from None
+    interpreted = type(_triton_attend.attend_kernel).__name__ == "InterpretedFunction"
+    if interpreted and type(tl.zeros).__name__ != "InterpretedFunction":
+        raise RuntimeError("TRITON_INTERPRET=1 was set after triton was first imported: set it "
+                           "before (Triton reads it when it loads)")
     return _triton_attend
 
 
