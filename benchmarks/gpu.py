@@ -283,7 +283,7 @@ def row_w1(b: Bench) -> None:
     finals = {}
     fields = [("SDPA + projection", field_sdpa)] + [
         (label, functools.partial(field_triton, **blocks)) for label, blocks in
-        triton_configs(b, [(16, 16, 1), (32, 32, 1), (32, 32, 2), (64, 32, 4), (64, 64, 4)])]
+        triton_configs(b, [(16, 16, 1), (32, 32, 2), (32, 32, 4), (64, 32, 4), (64, 64, 8)])]
     for label, field in fields:
         for dtype in (torch.float64, torch.float32):
             name = str(dtype).split(".")[1]
@@ -320,7 +320,7 @@ def row_e1(b: Bench) -> None:
     rows = torch.randint(0, n, (64,), generator=torch.Generator().manual_seed(2))
     from attnflow.kernels.triton_fused import attend_tensor
 
-    for label, blocks in triton_configs(b, [(64, 64, 4), (128, 64, 8), (128, 128, 8)]):
+    for label, blocks in triton_configs(b, [(32, 32, 4), (64, 64, 8), (128, 64, 8)]):
         wall, out = b.timed(lambda blocks=blocks: attend_tensor(x, x, x, BETA, "causal",
                                                                 **blocks),
                             repeat=1 if b.quick else 3)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-FULL, CAUSAL, WINDOW = 0, 1, 2  # the MASK codes of the program
+# The MASK codes of the program (constexpr: a kernel reads no other globals); the caller
+# passes their .value.
+FULL, CAUSAL, WINDOW = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
@@ -46,9 +48,9 @@ def attend_kernel(Q, K, V, X, OUT, BIAS, MK, MV, MLOG,
     v_at = V + run * svb
     if MASK == FULL:
         for start in range(0, n, BLOCK_N):
-            m_i, l_i, acc = _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf, fmask,
-                                       n, window, skn, svn, m_i, l_i, acc, MASK, True, HAS_BIAS,
-                                       E, BLOCK_M, BLOCK_N)
+            m_i, l_i, acc = _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf, n,
+                                       window, skn, svn, m_i, l_i, acc, MASK, True, HAS_BIAS,
+                                       E, F, BLOCK_M, BLOCK_N)
     else:
         diagonal = blk * BLOCK_M  # key blocks before it lie wholly below every row's diagonal
         lo = 0
@@ -57,14 +59,14 @@ def attend_kernel(Q, K, V, X, OUT, BIAS, MK, MV, MLOG,
             lo = lo - lo % BLOCK_N  # key blocks aligned, whichever lo
         else:
             for start in range(0, diagonal, BLOCK_N):  # causal: every key allowed, no test
-                m_i, l_i, acc = _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf,
-                                           fmask, n, window, skn, svn, m_i, l_i, acc, MASK,
-                                           False, HAS_BIAS, E, BLOCK_M, BLOCK_N)
+                m_i, l_i, acc = _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf, n,
+                                           window, skn, svn, m_i, l_i, acc, MASK, False,
+                                           HAS_BIAS, E, F, BLOCK_M, BLOCK_N)
             lo = diagonal
         for start in range(lo, tl.minimum(n, diagonal + BLOCK_M), BLOCK_N):
-            m_i, l_i, acc = _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf, fmask,
-                                       n, window, skn, svn, m_i, l_i, acc, MASK, True, HAS_BIAS,
-                                       E, BLOCK_M, BLOCK_N)
+            m_i, l_i, acc = _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf, n,
+                                       window, skn, svn, m_i, l_i, acc, MASK, True, HAS_BIAS,
+                                       E, F, BLOCK_M, BLOCK_N)
     for start in range(0, m, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         s = tl.zeros([BLOCK_M, BLOCK_N], dtype)
@@ -74,9 +76,7 @@ def attend_kernel(Q, K, V, X, OUT, BIAS, MK, MV, MLOG,
             s += qc[:, None] * kc[None, :]
         s += tl.load(MLOG + cols, mask=cols < m, other=0.0)[None, :]
         s = tl.where((cols[None, :] < m) & live[:, None], s, float("-inf"))
-        vt = tl.load(MV + cols[:, None] * F + cf[None, :],
-                     mask=(cols[:, None] < m) & fmask[None, :], other=0.0)
-        m_i, l_i, acc = _absorb(s, vt, m_i, l_i, acc)
+        m_i, l_i, acc = _absorb(s, MV, cols, F, m, cf, m_i, l_i, acc, F)
 
     out = acc / tl.where(live, l_i, 1.0)[:, None]  # a live row without keys: 0 / 0, NaN
     if PROJECT:
@@ -88,9 +88,10 @@ def attend_kernel(Q, K, V, X, OUT, BIAS, MK, MV, MLOG,
 
 
 @triton.jit
-def _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf, fmask, n, window, skn, svn,
+def _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf, n, window, skn, svn,
                m_i, l_i, acc, MASK: tl.constexpr, CHECK: tl.constexpr, HAS_BIAS: tl.constexpr,
-               E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+               E: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr):
     """The keys start..start + BLOCK_N - 1 of one run joined to the rows' running sums. CHECK:
     test each pair against n and the mask's band (False: the caller knows every key of the
     block is allowed for every row, a causal block below the diagonal)."""
@@ -111,23 +112,26 @@ def _key_block(q_at, k_at, v_at, BIAS, start, rows, live, cf, fmask, n, window, 
                      other=0.0)
     if CHECK:
         s = tl.where(allowed, s, float("-inf"))
-    vt = tl.load(v_at + cols[:, None] * svn + cf[None, :],
-                 mask=(cols[:, None] < n) & fmask[None, :], other=0.0)
-    return _absorb(s, vt, m_i, l_i, acc)
+    return _absorb(s, v_at, cols, svn, n, cf, m_i, l_i, acc, F)
 
 
 @triton.jit
-def _absorb(s, vt, m_i, l_i, acc):
+def _absorb(s, v_at, cols, svn, nk, cf, m_i, l_i, acc, F: tl.constexpr):
     """The online softmax's step: the block of scores s (BLOCK_M, BLOCK_N), base 2, -inf where
-    not allowed, and its values vt (BLOCK_N, FP) join the running maximum m_i, normaliser l_i
-    and weighted sum acc. A row that has seen no allowed key keeps m_i = -inf and zeros (its
-    shift is taken as 0, never -inf - -inf)."""
+    not allowed, and the keys' values (rows `cols` < nk of v_at, row stride svn) join the
+    running maximum m_i, normaliser l_i and weighted sum acc (BLOCK_M, FP). A row that has
+    seen no allowed key keeps m_i = -inf and zeros (its shift is taken as 0, never
+    -inf - -inf). The values are summed one column at a time, (BLOCK_M, BLOCK_N) products
+    reduced over the keys: a (BLOCK_M, BLOCK_N, FP) product would not fit in registers."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     shift = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - shift)
     p = tl.exp2(s - shift[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vt[None, :, :], axis=1)
+    acc = acc * alpha[:, None]
+    for c in tl.static_range(F):
+        vc = tl.load(v_at + cols * svn + c, mask=cols < nk, other=0.0)
+        acc += tl.where(cf[None, :] == c, tl.sum(p * vc[None, :], axis=1)[:, None], 0.0)
     return m_new, l_i, acc
 
 
