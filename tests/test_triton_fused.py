@@ -174,3 +174,52 @@ def test_interpreter_selected_too_late_is_named():
                           timeout=120)
     assert "TRITON_INTERPRET=1 was set after triton was first imported" in done.stdout, (
         done.stdout + done.stderr)
+
+
+AOT = """
+import subprocess, sys, tempfile, warnings
+from pathlib import Path
+warnings.filterwarnings("ignore")
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from attnflow.kernels import _triton_attend as ta
+from attnflow.kernels.triton_fused import _blocks, _next_power_of_2
+ints = ["n", "m", "window", "blocks", "sqb", "sqn", "skb", "skn", "svb", "svn", "sxb", "sxn",
+        "sob", "son"]
+dump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+cases = [("fp32", 1, False, True, 2, 2), ("fp64", 1, False, True, 2, 2),
+         ("fp32", 2, True, False, 3, 2)]
+for dt, mask, bias, project, e, f in cases:
+    dtype = torch.float32 if dt == "fp32" else torch.float64
+    plain = mask != ta.WINDOW.value and not bias
+    bm, bn, warps = _blocks(10**6, e, f, dtype, plain, True, None, None, None)
+    const = dict(MASK=mask, HAS_BIAS=bias, PROJECT=project, E=e, F=f, FP=_next_power_of_2(f),
+                 BLOCK_M=bm, BLOCK_N=bn)
+    sig = {a: "*" + dt for a in ["Q", "K", "V", "X", "OUT", "BIAS", "MK", "MV", "MLOG"]}
+    sig.update({a: "i32" for a in ints}, **{a: "constexpr" for a in const})
+    kernel = triton.compile(ASTSource(fn=ta.attend_kernel, signature=sig, constexprs=const),
+                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
+    usage = "no cuobjdump"
+    if dump.exists():
+        with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as out:
+            out.write(kernel.asm["cubin"])
+        usage = subprocess.run([str(dump), "--dump-resource-usage", out.name],
+                               capture_output=True, text=True).stdout
+    print(dt, mask, bias, project, "STACK:0" in usage or usage == "no cuobjdump")
+"""
+
+
+@pytest.mark.slow
+def test_default_blocks_compile_for_sm90_without_spills():
+    """The program compiles for an H100/H200 (sm_90) without a GPU, at the default blocks,
+    and uses no stack (no register spills): what the interpreter cannot check. Minutes."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", AOT], capture_output=True, text=True, env=env,
+                          timeout=1800)
+    lines = done.stdout.split("\n")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sum(line.endswith(" True") for line in lines) == 3, done.stdout

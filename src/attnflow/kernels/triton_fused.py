@@ -114,8 +114,9 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
     window = mask[1] if isinstance(mask, tuple) else 0
     bias_t = _bias(bias, mask, n, dtype, device)
     mk, mv, mlog = _memory(memory, e, f, dtype, device)
-    bm, bn, num_warps = _blocks(n, e, f, dtype, q.device.type == "cuda", block_m, block_n,
-                                num_warps)
+    plain = code != program.WINDOW.value and bias_t is None
+    bm, bn, num_warps = _blocks(n, e, f, dtype, plain, q.device.type == "cuda", block_m,
+                                block_n, num_warps)
     if bm % bn:
         raise fail("block_n", f"a divisor of block_m = {bm} (key blocks aligned with the "
                    "diagonal)", repr(bn))
@@ -131,18 +132,19 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
     return out.reshape(*lead, n, f)
 
 
-def _blocks(n: int, e: int, f: int, dtype: Any, cuda: bool, block_m: int | None,
+def _blocks(n: int, e: int, f: int, dtype: Any, plain: bool, cuda: bool, block_m: int | None,
             block_n: int | None, num_warps: int | None) -> tuple[int, int, int]:
     """(block_m, block_n, num_warps), the caller's where given. On a GPU: 64 x 64 with 8 warps
-    for float32 heads up to 4, else 32 x 32 with 4 (compiled for sm_90 with triton 3.9:
-    176 and 166 registers a thread, no spills; 64 x 64 with 4 warps spilled); in the
+    for float32 heads up to 4 without window or bias (`plain`), else 32 x 32 with 4
+    (compiled for sm_90 with triton 3.9: 176 to 255 and 164 to 246 registers a thread, no
+    spills; 64 x 64 with 4 warps spilled, and with 8 for a window with a bias); in the
     interpreter, whose cost is per block operation, up to 256 x 256. Never above n's power
     of two (at least 16)."""
     import torch
 
     if not cuda:
         bm, bn, warps = 256, 256, 4
-    elif dtype == torch.float32 and max(e, f) <= 4:
+    elif dtype == torch.float32 and max(e, f) <= 4 and plain:
         bm, bn, warps = 64, 64, 8
     else:
         bm, bn, warps = 32, 32, 4
