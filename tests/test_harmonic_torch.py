@@ -101,6 +101,20 @@ def test_float32_in_float32_out():
                                atol=1e-7)
 
 
+def test_gradients_match_finite_differences():
+    """torch.autograd through the kernel (in-place scans included), with respect to the
+    tokens' angles and the values, against central differences (gradcheck)."""
+    gen = torch.Generator().manual_seed(0)
+    angle = torch.rand(1, 12, dtype=torch.float64, generator=gen).requires_grad_(True)
+    v = torch.randn(1, 12, 2, dtype=torch.float64, generator=gen).requires_grad_(True)
+
+    def field(angle, v):
+        u = torch.stack([torch.cos(angle), torch.sin(angle)], -1)
+        return harmonic_torch.attend_tensor(u, u, v, 4.0, "causal")
+
+    assert torch.autograd.gradcheck(field, (angle, v), atol=1e-8)
+
+
 def test_refusals_one_line():
     x = torch.from_numpy(sphere(np.random.default_rng(6), (5, 2)))
     with pytest.raises(ValueError, match="^mask: expected 'full' or 'causal'"):

@@ -21,7 +21,9 @@ running sums do not grow with n. Per chunk the moments are written once, scanned
 and read once by a batched matrix-vector product (about six passes over R c F H float64).
 
 Applies to masks "full" and "causal", softmax weights, beta of either sign or zero, memory
-tokens (summed directly); computed in float64 on the device, returned in v's dtype.
+tokens (summed directly); computed in float64 on the device, returned in v's dtype. Torch
+autograd differentiates it (the in-place scans included): gradients with respect to the
+directions and the values match finite differences (tests/test_harmonic_torch.py).
 Refused with the reason: windows, score biases, other normalizations (use the numpy kernel,
 `attnflow.kernels.harmonic`).
 """
@@ -142,7 +144,7 @@ def features(u: Any, K: int) -> Any:
 def _common_norm(name: str, x: Any, eps: float) -> float:
     """The norm every row of x shares, read from its first row; refused when they differ
     beyond the round-off of the given dtype (eps; as `attnflow.kernels.harmonic`)."""
-    norms = x.norm(dim=-1).reshape(-1)
+    norms = x.detach().norm(dim=-1).reshape(-1)
     top, low = float(norms.max()), float(norms.min())
     if top - low > 64 * eps * max(top, 1.0):
         which = "Q" if name == "q" else "K"
