@@ -15,7 +15,9 @@ the exp floor is torch.exp over a large array. Then the rows (`ROWS`):
   field through SDPA (`attnflow.kernels.torch.attend_tensor`, then the projection) and through
   the Triton fused kernel (projection fused), float32 and float64; causal pairs per second
   over the exp floor (one exp per pair). Agreement: one field evaluation of 8 runs against the
-  numpy fused kernel, and the float32 final state against float64.
+  numpy fused kernel, and the float32 final state against float64. On a GPU the fused kernel
+  also runs at other block sizes and warps (`triton_configs`, rows "Triton fused BMxBN/Ww"),
+  so that the first run shows which defaults to keep (W1 and E1).
 * E1: one exact causal evaluation, d 2, n 10^6, float32, beta 64: the fused kernel, and SDPA
   with the head padded to 8 columns for comparison. Agreement: 64 rows against float64 sums.
 * H1: the harmonic kernel on the device (`harmonic_torch`), circle, causal, beta 64, n 10^7;
