@@ -207,31 +207,33 @@ def test_alibi_on_cells_matches_chebyshev_and_refusals():
 # ------------------------------------------------------------ 3. ALiBi against particles
 def test_alibi_solver_follows_particles_with_a_per_token_slope():
     """n = 2000 tokens, token i at label s = i / n, its angle the quantile of the start
-    f(s, .) at the level frac(i phi) (phi the golden ratio: a low-discrepancy set in
-    (s, level)); positional weighting with ALiBi(m) per token, m = lambda / n. The mean of
-    e^{i k theta} over the tokens of s in (1/2, 1] at t = 2 against the solver's integral over
-    the same labels: within 1/sqrt(n) (a Monte Carlo bound; the set's discrepancy, O(log n /
-    n), makes it smaller), while the solver at slope lambda / 2 is farther than that."""
-    n, lam, beta, T = 2000, 4.0, 2.0, 2.0
-    f = lambda s, t: np.exp(1.2 * np.cos(t - 3 * s))  # noqa: E731
-    model = af.Attention(beta=beta, mask="causal", attention="positional")
-    rho0 = from_function(f, 48, labels=24, scheme="chebyshev")
+    f(s, .) = (1 + 0.6 cos(theta - 3 s)) / (2 pi) at the level frac(i phi) (phi the golden
+    ratio: a low-discrepancy set in (s, level)); positional weighting with ALiBi(m) per token,
+    m = lambda / n (harmonic kernel). The mean of e^{i k theta}, k = 1, 2, 3, over the tokens
+    of s in (1/2, 1] at t = 1 against the solver's integral over the same labels: within
+    1/sqrt(n) (a Monte Carlo bound; the set's discrepancy, O(log n / n), makes the error
+    smaller), while the solver at slope lambda / 2 is farther than that."""
+    n, lam, beta, T, a = 2000, 4.0, 1.0, 1.0, 0.6
+    f = lambda s, t: 1 + a * np.cos(t - 3 * s)  # noqa: E731
     s = np.arange(1, n + 1) / n
-    level = np.mod(np.arange(1, n + 1) * (np.sqrt(5) - 1) / 2, 1.0)
-    theta = np.array([af.analysis.inverse_cdf(c, [q])[0] for c, q in zip(
-        Labels.of("chebyshev", 24).interpolation(s) @ rho0, level)])
+    level = TWO_PI * np.mod(np.arange(1, n + 1) * (np.sqrt(5) - 1) / 2, 1.0)
+    theta = level.copy()  # Newton on theta + a sin(theta - 3s) + a sin(3s) = level
+    for _ in range(30):
+        theta -= (theta + a * np.sin(theta - 3 * s) + a * np.sin(3 * s) - level) / f(s, theta)
     x0 = np.stack([np.cos(theta), np.sin(theta)], axis=1)
     particles = af.simulate(af.Attention(beta=beta, mask="causal", attention="positional",
-                                         alibi=lam / n), x0, T, save_at=[T], dt=0.02)
-    end = particles.states[-1]
-    z = (end[:, 0] + 1j * end[:, 1])
-    late = s > 0.5
-    measured = np.array([np.mean(z[late] ** k) for k in (1, 2, 3)])
+                                         alibi=lam / n, backend="harmonic"), x0, T,
+                            save_at=[T], dt=0.02)
+    z = particles.states[-1] @ np.array([1, 1j])
+    measured = np.array([np.mean(z[s > 0.5] ** k) for k in (1, 2, 3)])
     u, w = np.polynomial.legendre.leggauss(40)
-    u, w = 0.75 + u / 4, w / 4 / 0.5  # the mean over s in (1/2, 1]
+    u, w = 0.75 + u / 4, w / 2  # the mean over s in (1/2, 1]
+    model = af.Attention(beta=beta, mask="causal", attention="positional")
+    rho0 = from_function(f, 64, labels=48, scheme="chebyshev")
 
     def mean_field(slope):
         res = solve(model, rho0, T, save_at=[T], scheme="chebyshev", alibi=slope)
+        assert res.resolution_lost_at is None
         c = res.at_labels(u)[-1]
         return np.array([TWO_PI * np.sum(w * np.conj(c[:, k])) for k in (1, 2, 3)])
 
