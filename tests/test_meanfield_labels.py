@@ -125,7 +125,8 @@ def test_labels_average_is_exact_for_polynomials_and_exponentials():
     cheb = Labels.of("chebyshev", 12, slope=lam)
     s = cheb.nodes
     for p in (0, 3, 11):
-        exact = [quad(lambda x, q=q: np.exp(-lam * (q - x)) * x**p, 0, q, epsabs=1e-15)[0]
+        exact = [quad(lambda x, q=q, p=p: np.exp(-lam * (q - x)) * x**p, 0, q,
+                      epsabs=1e-15)[0]
                  for q in s]
         got = s * (cheb.average @ s**p)
         assert np.abs(got - exact).max() < 1e-14

@@ -103,7 +103,7 @@ def _setting(params, beta, lam) -> dict[str, Any]:
         last = res.coefficients[-len(times):, -1, 1:SOFT_MODES + 1].real / a  # (T, 20)
         solver[:, b] = ((last - g[-1]) / mass) @ w
         for i, t in enumerate(times):
-            closed[i, b] = sum(wk * quad(lambda x, kk=kk, c=centre: float(
+            closed[i, b] = sum(wk * quad(lambda x, kk=kk, c=centre, t=t: float(
                 alibi_memory(x, t, beta, lam, int(kk)) * _bump(x, c, width)), 0, 1,
                 epsabs=1e-13, epsrel=1e-11, limit=200, points=[centre])[0]
                 for kk, wk in zip(k, w)) / mass

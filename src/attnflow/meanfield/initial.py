@@ -67,7 +67,8 @@ def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
     """The coefficients (S, K + 1) of rho(theta) = f(theta) (labels None: S = 1) or of
     f(s, theta) at the S labels s of the `scheme` (`attnflow.meanfield.labels`: "cells", the
     cells' midpoints (j - 1/2) / S; "chebyshev", the Chebyshev-Lobatto nodes from 0 to 1)
-    (arrays broadcast: s of shape (S, 1), theta of shape (P,)). f >= 0, not necessarily normalised: each label's density is
+    (arrays broadcast: s of shape (S, 1), theta of shape (P,)). f >= 0, not necessarily
+    normalised: each label's density is
     scaled to mass 1. f is sampled at P = max(8 K, 256) points; the modes above K must be
     negligible (below `tol` relative), or the start is refused as unresolved."""
     K = _modes(modes)

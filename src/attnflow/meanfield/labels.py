@@ -4,7 +4,8 @@ sees (docs/science.md §9, "Causal mask: labels"; guide: docs/guide/meanfield.md
 Under the causal mask the state is one density f(s, .) per label (token i of n has the label
 s = i / n) and label s sees the measure
 
-    sigma_s = int_0^s e^{-lambda (s - s')} f(s', .) ds' = s int_0^1 e^{-lambda s (1 - u)} f(s u, .) du,
+    sigma_s = int_0^s e^{-lambda (s - s')} f(s', .) ds'
+            = s int_0^1 e^{-lambda s (1 - u)} f(s u, .) du,
 
 lambda >= 0 ALiBi's slope per unit label (0 without ALiBi; the particles' bias -m (i - j) of
 slope m per token is -m n (s - s'), so lambda = m n). Discretised, sigma = scale * (A f): the

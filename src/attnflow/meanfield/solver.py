@@ -15,17 +15,17 @@ Time stepping on the coefficients, a Euclidean state:
 Steps: each interval between save times is cut into equal steps of at most dt (as the
 fixed-step methods of `attnflow.integrate` do). The default dt = min(0.05, 0.5 / (K |v|max))
 keeps the transport's Courant number at 0.5 (|v|max: |V|_2, times e^{|beta| c} for
-unnormalised and positional weights); a dt above 2 / (K |v|max) is refused (RK4's stability bound for the
-transport of the highest mode is 2 sqrt 2 / (K |v|max)).
+unnormalised and positional weights); a dt above 2 / (K |v|max) is refused (RK4's stability
+bound for the transport of the highest mode is 2 sqrt 2 / (K |v|max)).
 
 Resolution: after every step the solver checks that every label's density is resolved: the
 modes above 2 K / 3 below `tol` (relative l2, `attnflow.meanfield.initial.tail`) and no value
 below -tol / (2 pi) at the collocation points; with Chebyshev labels also the coefficients
-of degree above 2 (S - 1) / 3 in s below `tol` (`attnflow.meanfield.labels.Labels.tail`). When clusters concentrate the density past
-what K modes resolve, the first failing step's time is recorded as `resolution_lost_at`, the
-run stops, and the result ends with the last resolved step: it never returns an unresolved
-density. With `refine_to`, the solver first doubles K (and halves the step) from the last
-resolved state, as often as refine_to allows.
+of degree above 2 (S - 1) / 3 in s below `tol` (`attnflow.meanfield.labels.Labels.tail`).
+When clusters concentrate the density past what K modes resolve, the first failing step's time
+is recorded as `resolution_lost_at`, the run stops, and the result ends with the last resolved
+step: it never returns an unresolved density. With `refine_to`, the solver first doubles K
+(and halves the step) from the last resolved state, as often as refine_to allows.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ c[s, 0] = 1 / (2 pi) (mass 1). Without labels (full attention) S = 1.
 What label s sees is the measure sigma_s: rho itself for the full mask; for the causal mask
 the (ALiBi-decayed) prefix integral over labels, sigma_s = int_0^s e^{-lambda (s - s')}
 rho_{s'} ds', scaled by the weighting (`attnflow.meanfield.labels`: label cells or
-Chebyshev-Lobatto labels, a matrix from the labels' densities to what each sees). With kernel E(u) = e^{b cos u} (coefficients I_k(b)) the moments
+Chebyshev-Lobatto labels, a matrix from the labels' densities to what each sees). With
+kernel E(u) = e^{b cos u} (coefficients I_k(b)) the moments
 
     Z(theta) = int E(theta - alpha - phi) sigma(phi) dphi,
     N(theta) = int E(theta - alpha - phi) e^{i phi} sigma(phi) dphi     (N_x + i N_y)
