@@ -26,3 +26,14 @@ def test_alibiprofile_recipe_at_a_tiny_size(tmp_path):
     point = float(soft_accuracy(0.5, setting["times"][0], 1.0, 1.0))
     assert abs(solver[0, 0] / point - 1) < 0.1
     assert (tmp_path / "alibiprofile" / res["figures"][0]).stat().st_size > 10_000
+
+
+def test_every_cause_in_the_ledger_names_a_measurement():
+    """A ledger entry's `cause` (why a verdict falls short of reproduced) is a measurement:
+    it holds numbers, not only words (claims.toml's header)."""
+    from attnflow.experiments._ledger import entries
+
+    causes = {i: e.cause for i, e in entries().items() if e.cause}
+    assert {"lostmiddle.profile", "lostmiddle.recency"} <= set(causes)
+    for i, text in causes.items():
+        assert sum(ch.isdigit() for ch in text) >= 3, i
