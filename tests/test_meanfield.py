@@ -342,7 +342,8 @@ def test_initial_states_from_tokens_coefficients_and_functions_agree():
 
 @pytest.mark.parametrize("options, match", [
     ({"mask": ("window", 3)}, "mask 'full' or 'causal'"),
-    ({"mask": "full", "attention": "sinkhorn"}, "attention 'softmax' or 'unnormalised'"),
+    ({"mask": "full", "attention": "sinkhorn"},
+     "attention 'softmax', 'unnormalised' or 'positional'"),
     ({"mask": "full", "Q": np.diag([1.0, 2.0])}, "Q\\^T K a multiple of an orthogonal"),
     ({"mask": "full", "Q": np.eye(3)}, "d = 2"),
     ({"mask": "full", "norm": "pre"}, "norm 'post'"),

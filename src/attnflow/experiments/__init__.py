@@ -23,8 +23,8 @@ SUITES: dict[str, tuple[str, ...]] = {
     "followups": ("normalization", "noise", "longcontext", "energy", "meanfield",
                   "realmodel", "depth", "looped", "ladder", "dispersion", "causalprofile",
                   "convergence", "kuramoto"),
-    "closedforms": ("lostmiddle", "tricritical", "threebody", "selectivity", "gaussian",
-                    "hardmax"),
+    "closedforms": ("lostmiddle", "alibiprofile", "tricritical", "threebody", "selectivity",
+                    "gaussian", "hardmax"),
 }
 NAMES: tuple[str, ...] = tuple(name for names in SUITES.values() for name in names)
 SUITE_OF: dict[str, str] = {name: suite for suite, names in SUITES.items() for name in names}

@@ -65,6 +65,7 @@ class Entry:
     partly: tuple[Criterion, ...]
     partly_rule: str  # "all" or "any"
     quick: str
+    cause: str = ""  # a verdict short of "reproduced": its measured cause (a number, its run)
 
     def criterion(self) -> str:
         """The criterion in words: 'reproduced if a >= 1 and b < 2; partly if ...'."""
@@ -158,4 +159,5 @@ def _entry(id: str, recipe: str, raw: dict[str, Any]) -> Entry:
     return Entry(id=id, recipe=recipe, statement=raw["statement"], source=raw["source"],
                  paper=raw["paper"], measures=measures,
                  reproduced=criteria(raw["reproduced"]), partly=criteria(raw.get("partly", [])),
-                 partly_rule=raw.get("partly_rule", "all"), quick=raw["quick"])
+                 partly_rule=raw.get("partly_rule", "all"), quick=raw["quick"],
+                 cause=raw.get("cause", ""))

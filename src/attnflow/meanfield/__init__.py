@@ -10,8 +10,9 @@ d_t rho + d_theta(rho v[rho]) = (sigma^2 / 2) d_theta^2 rho, pseudo-spectrally i
     >>> rho0 = af.meanfield.from_function(lambda t: np.exp(2 * np.cos(t)), modes=64)
     >>> res = af.meanfield.solve(af.Attention(beta=9, mask="full"), rho0, t_end=10)
 
-Modules: `model` (the options read from an attnflow block), `spectral` (the transport
-term), `initial` (densities from functions, coefficients, tokens), `solver` (`solve`: time
+Modules: `model` (the options read from an attnflow block), `labels` (the causal mask's
+label schemes, cells or Chebyshev-Lobatto, and ALiBi per unit label), `spectral` (the
+transport term), `initial` (densities from functions, coefficients, tokens), `solver` (`solve`: time
 stepping and the resolution monitor), `result` (`MeanFieldResult`, save / `load`).
 """
 

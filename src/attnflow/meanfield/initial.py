@@ -15,6 +15,7 @@ import numpy as np
 import scipy.fft as sfft
 
 from attnflow._checks import describe, fail, finite_array, positive
+from attnflow.meanfield.labels import label_nodes
 
 __all__ = ["DEFAULT_TAIL", "check_coefficients", "from_coefficients", "from_function",
            "from_tokens", "tail"]
@@ -62,10 +63,12 @@ def from_coefficients(c: Any) -> np.ndarray:
 
 
 def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
-                  tol: float = DEFAULT_TAIL) -> np.ndarray:
+                  tol: float = DEFAULT_TAIL, scheme: str = "cells") -> np.ndarray:
     """The coefficients (S, K + 1) of rho(theta) = f(theta) (labels None: S = 1) or of
-    f(s, theta) at the label cells' midpoints s = (j - 1/2) / S (arrays broadcast: s of shape
-    (S, 1), theta of shape (P,)). f >= 0, not necessarily normalised: each label's density is
+    f(s, theta) at the S labels s of the `scheme` (`attnflow.meanfield.labels`: "cells", the
+    cells' midpoints (j - 1/2) / S; "chebyshev", the Chebyshev-Lobatto nodes from 0 to 1)
+    (arrays broadcast: s of shape (S, 1), theta of shape (P,)). f >= 0, not necessarily
+    normalised: each label's density is
     scaled to mass 1. f is sampled at P = max(8 K, 256) points; the modes above K must be
     negligible (below `tol` relative), or the start is refused as unresolved."""
     K = _modes(modes)
@@ -73,7 +76,7 @@ def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
     theta = 2 * np.pi * np.arange(P) / P
     S = 1 if labels is None else _labels(labels)
     values = finite_array("f", f(theta) if labels is None else f(
-        ((np.arange(S) + 0.5) / S)[:, None], theta), dtype=float)
+        label_nodes(scheme, S)[:, None], theta), dtype=float)
     try:
         values = np.broadcast_to(values, (S, P))
     except ValueError:

@@ -1,8 +1,10 @@
 """The model of a mean-field run, read from attnflow's own parts (docs/science.md §9).
 
 `MeanFieldModel.of(model)` takes an `attnflow.Attention` block (or the keyword arguments of
-one) and keeps what the density equation needs: the weighting ("softmax" or "unnormalised"),
-the mask ("full" or "causal"), beta, and the head's (Q, K, V) reduced to
+one) and keeps what the density equation needs: the weighting ("softmax", "unnormalised" or
+"positional"), the mask ("full" or "causal"), beta, ALiBi's slope per unit label (given
+apart: the block's own ALiBi is per token, and the mean field has no n), and the head's
+(Q, K, V) reduced to
 
 * the score of angles (theta, phi): beta <Q x, K y> = b cos(theta - alpha - phi) when Q^T K is
   c times a rotation by alpha (b = beta c), or b cos(theta - alpha + phi) when it is c times a
@@ -23,18 +25,20 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._checks import fail
+from attnflow._checks import fail, number
 from attnflow.family import Attention, Block
 
 __all__ = ["MeanFieldModel"]
 
 SUPPORTED = ("an attnflow.Attention block (or its keyword arguments) with d = 2, a finite "
              "beta, one (Q, K, V) head whose Q^T K is a multiple of an orthogonal matrix, any "
-             "V, mask 'full' or 'causal', attention 'softmax' or 'unnormalised', norm 'post', "
-             "no memory, positional encodings, QK-norm, projection biases or MLP")
+             "V, mask 'full' or 'causal', attention 'softmax', 'unnormalised' or 'positional', "
+             "norm 'post', no memory, positional encodings, QK-norm, projection biases or MLP "
+             "(ALiBi: the slope per unit label as solve(..., alibi=m * n) for the particles' "
+             "slope m per token at n tokens, causal mask)")
 
 
-MAX_B = 700.0  # the largest |beta c| of unnormalised weights, whose kernel is e^(b cos)
+MAX_B = 700.0  # the largest |beta c| of weights not normalised by Z, whose kernel is e^(b cos)
 
 
 @dataclass(frozen=True)
@@ -42,8 +46,13 @@ class MeanFieldModel:
     """The mean-field equation's parameters (module docstring).
 
     block : the attnflow block they were read from (kept for the result's record).
-    weighting : "softmax" or "unnormalised".
+    weighting : "softmax", "unnormalised" or "positional" (exp(score) / P_i, the position
+        weights normalised over the keys: for the full mask without ALiBi the same as
+        unnormalised).
     causal : True for the causal mask (labels s attend to s' <= s), False for "full".
+    slope : ALiBi's slope lambda >= 0 per unit label (0: none; causal mask only): label s
+        weighs label s' < s by e^{-lambda (s - s')} (the particles' slope m per token at n
+        tokens gives lambda = m n).
     b : beta c, the effective inverse temperature of the kernel e^{b cos(.)}, of either sign
         (b < 0: repulsive; the Bessel coefficients I_k(b) = (-1)^k I_k(|b|) carry the sign).
     alpha : the rotation angle of Q^T K (radians); with `reflect`, the reflection's angle.
@@ -58,10 +67,13 @@ class MeanFieldModel:
     alpha: float
     reflect: bool
     V: np.ndarray
+    slope: float = 0.0
 
     @classmethod
-    def of(cls, model: Block | Mapping[str, Any]) -> MeanFieldModel:
-        """Read a block (or build `attnflow.Attention(**options)` from a mapping)."""
+    def of(cls, model: Block | Mapping[str, Any], alibi: float | None = None
+           ) -> MeanFieldModel:
+        """Read a block (or build `attnflow.Attention(**options)` from a mapping); `alibi`:
+        ALiBi's slope per unit label (None or 0: none; causal mask only)."""
         if isinstance(model, Mapping):
             model = Attention(**model)
         if not isinstance(model, Block):
@@ -78,8 +90,13 @@ class MeanFieldModel:
         _require(att.biases is None, "biases", att.biases)
         _require(isinstance(att.mask, str) and att.mask in ("full", "causal"), "mask",
                  att.mask if isinstance(att.mask, (str, tuple)) else "a boolean array")
-        _require(att.weighting.method in ("softmax", "unnormalised"), "attention",
-                 att.weighting.method)
+        _require(att.weighting.method in ("softmax", "unnormalised", "positional"),
+                 "attention", att.weighting.method)
+        slope = 0.0 if alibi is None else number("alibi", alibi, 0.0,
+                                                 expected="a slope per unit label >= 0")
+        if slope > 0 and att.mask != "causal":
+            raise fail("alibi", "ALiBi with mask 'causal' (the full mask's two-sided bias "
+                       "is not modelled)", f"mask {att.mask!r}")
         _require(bool(np.isfinite(att.beta)), "beta", att.beta)
         Q, K, V = att.heads[0]
         B = (np.eye(2) if Q is None else Q).T @ (np.eye(2) if K is None else K)
@@ -87,9 +104,10 @@ class MeanFieldModel:
         if not np.allclose(B.T @ B, c * c * np.eye(2), rtol=0, atol=1e-12 * max(1.0, c * c)):
             raise fail("Q, K", "Q^T K a multiple of an orthogonal (2, 2) matrix (" + SUPPORTED
                        + ")", f"Q^T K = {B.tolist()}")
-        if att.weighting.method == "unnormalised" and abs(float(att.beta)) * c > MAX_B:
-            raise fail("beta", f"|beta| c <= {MAX_B:g} for unnormalised weights (c = {c:.6g}, "
-                       "the scale of Q^T K: the kernel e^(|beta| c) overflows float64 beyond)",
+        if att.weighting.method != "softmax" and abs(float(att.beta)) * c > MAX_B:
+            raise fail("beta", f"|beta| c <= {MAX_B:g} for {att.weighting.method} weights "
+                       f"(c = {c:.6g}, the scale of Q^T K: the kernel e^(|beta| c) overflows "
+                       "float64 beyond)",
                        f"beta c = {float(att.beta) * c:.6g}")
         reflect = bool(np.linalg.det(B) < 0)
         # Rotation by alpha: B = c [[cos a, -sin a], [sin a, cos a]]; reflection at angle
@@ -97,7 +115,7 @@ class MeanFieldModel:
         alpha = float(np.arctan2(B[1, 0], B[0, 0])) if c > 0 else 0.0
         V = np.eye(2) if V is None else np.asarray(V, dtype=float)
         return cls(model, att.weighting.method, att.mask == "causal", float(att.beta) * c,
-                   alpha, reflect, att.strength * V)
+                   alpha, reflect, att.strength * V, slope)
 
 
 def _require(ok: bool, name: str, received: Any) -> None:

@@ -17,6 +17,7 @@ from attnflow._checks import fail
 from attnflow._files import atomic_path, consolidating
 from attnflow._version import __version__, git_commit
 from attnflow.family import Block, model_from_record
+from attnflow.meanfield.labels import Labels, label_nodes
 from attnflow.meanfield.spectral import to_grid
 from attnflow.trajectory import read_dataset
 
@@ -39,7 +40,8 @@ class MeanFieldResult:
     coefficients : (T, S, K + 1) complex Fourier coefficients of the label densities,
         rho_s(theta) = sum_{|k| <= K} c[s, k] e^{i k theta} (per unit angle, mass 1 each).
     model : the attnflow block whose mean field this is.
-    settings : the solver's record: modes K, labels S (None: full mask), noise sigma, dt,
+    settings : the solver's record: modes K, labels S (None: full mask) and their scheme,
+        ALiBi's slope per unit label `alibi`, noise sigma, dt,
         steps, the tail bound `tol`, the collocation points.
     resolution_lost_at : None, or the time of the first step whose density was no longer
         resolved (tail above `tol` or a negative value): the run stopped there and the
@@ -59,9 +61,19 @@ class MeanFieldResult:
 
     @property
     def labels(self) -> np.ndarray | None:
-        """The label cells' midpoints (S,) (causal mask), None for the full mask."""
+        """The labels s (S,) (causal mask: the label cells' midpoints or the Chebyshev-Lobatto
+        nodes, settings["scheme"]), None for the full mask."""
         S = self.settings["labels"]
-        return None if S is None else (np.arange(S) + 0.5) / S
+        return None if S is None else label_nodes(self.settings.get("scheme") or "cells", S)
+
+    def at_labels(self, s: Any) -> np.ndarray:
+        """The coefficients (T, P, K + 1) at labels s (P,) in [0, 1] (causal mask): the cell
+        holding s (cells), the polynomial interpolant in s (chebyshev)."""
+        S = self.settings["labels"]
+        if S is None:
+            raise fail("s", "a causal run (the full mask has no labels)", repr(s))
+        scheme = Labels.of(self.settings.get("scheme") or "cells", S)
+        return np.einsum("ps,tsk->tpk", scheme.interpolation(s), self.coefficients)
 
     def moments(self, k: int) -> np.ndarray:
         """The Fourier moments int e^{i k theta} rho(theta) dtheta (T, S) = 2 pi conj(c_k):

@@ -15,16 +15,17 @@ Time stepping on the coefficients, a Euclidean state:
 Steps: each interval between save times is cut into equal steps of at most dt (as the
 fixed-step methods of `attnflow.integrate` do). The default dt = min(0.05, 0.5 / (K |v|max))
 keeps the transport's Courant number at 0.5 (|v|max: |V|_2, times e^{|beta| c} for
-unnormalised weights); a dt above 2 / (K |v|max) is refused (RK4's stability bound for the
-transport of the highest mode is 2 sqrt 2 / (K |v|max)).
+unnormalised and positional weights); a dt above 2 / (K |v|max) is refused (RK4's stability
+bound for the transport of the highest mode is 2 sqrt 2 / (K |v|max)).
 
 Resolution: after every step the solver checks that every label's density is resolved: the
 modes above 2 K / 3 below `tol` (relative l2, `attnflow.meanfield.initial.tail`) and no value
-below -tol / (2 pi) at the collocation points. When clusters concentrate the density past
-what K modes resolve, the first failing step's time is recorded as `resolution_lost_at`, the
-run stops, and the result ends with the last resolved step: it never returns an unresolved
-density. With `refine_to`, the solver first doubles K (and halves the step) from the last
-resolved state, as often as refine_to allows.
+below -tol / (2 pi) at the collocation points; with Chebyshev labels also the coefficients
+of degree above 2 (S - 1) / 3 in s below `tol` (`attnflow.meanfield.labels.Labels.tail`).
+When clusters concentrate the density past what K modes resolve, the first failing step's time
+is recorded as `resolution_lost_at`, the run stops, and the result ends with the last resolved
+step: it never returns an unresolved density. With `refine_to`, the solver first doubles K
+(and halves the step) from the last resolved state, as often as refine_to allows.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from attnflow.family import Block
 from attnflow.integrate import check_solver_args, rk4_step
 from attnflow.manifolds import EUCLIDEAN
 from attnflow.meanfield.initial import DEFAULT_TAIL, check_coefficients, tail
+from attnflow.meanfield.labels import SCHEMES, Labels
 from attnflow.meanfield.model import MeanFieldModel
 from attnflow.meanfield.result import MeanFieldResult, check_path
 from attnflow.meanfield.spectral import TransportField, to_grid
@@ -57,6 +59,7 @@ MAX_COURANT = 2.0  # refused above (RK4 is stable up to 2 sqrt 2 on imaginary ei
 def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
           save_at: Any = None, noise: float | None = None, dt: float | None = None,
           tol: float = DEFAULT_TAIL, refine_to: int | None = None,
+          scheme: str = "cells", alibi: float | None = None,
           path: str | os.PathLike | None = None) -> MeanFieldResult:
     """Solve the mean-field equation of `model` from the density rho0 up to t_end.
 
@@ -64,11 +67,11 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     ----------
     model : an `attnflow.Attention` block, or its keyword arguments as a dict: d = 2, one
         (Q, K, V) head with Q^T K a multiple of an orthogonal matrix, any V, mask "full" or
-        "causal", attention "softmax" or "unnormalised", post-LN
+        "causal", attention "softmax", "unnormalised" or "positional", post-LN
         (`attnflow.meanfield.model`). Its particles' n -> infinity limit is what is solved.
     rho0 : Fourier coefficients (K + 1,) or (S, K + 1) (`from_function`, `from_tokens`,
         `from_coefficients`): one density for the full mask; for the causal mask one per
-        label cell ((j - 1) / S, j / S], j = 1..S (token i of n has the label i / n).
+        label of the `scheme` (token i of n has the label i / n).
     t_end : final time >= 0 (one unit = one layer).
     save_at : increasing save times in [0, t_end] (default 101 evenly spaced); 0 and t_end
         are always saved.
@@ -80,6 +83,14 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     refine_to : None (default: stop where resolution is lost), or the most modes to refine
         to: an unresolved step is then retried from the last resolved state with twice the
         modes (zero-padded) and half the step, as long as 2 K <= refine_to.
+    scheme : the causal mask's labels (`attnflow.meanfield.labels`): "cells" (default; S
+        label cells ((j - 1) / S, j / S], j = 1..S, second order at best, for states not
+        smooth in s) or "chebyshev" (S Chebyshev-Lobatto labels from s = 0 to 1, spectral
+        for states smooth in s); rho0 must be given at the scheme's labels (`from_function`
+        with the same scheme).
+    alibi : ALiBi's slope lambda >= 0 per unit label (causal mask): label s weighs label
+        s' <= s by e^{-lambda (s - s')}. The particles' `ALiBi(m)` (bias -m (i - j), slope m
+        per token) at n tokens is lambda = m n. None: no ALiBi.
     path : if given, the result is also saved there (``.nc`` or ``.zarr``), atomically:
         an interrupted run leaves no file.
 
@@ -89,9 +100,17 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     unsupported settings (naming what is supported) and `NonFiniteStateError` if a state
     becomes non-finite.
     """
-    mf = MeanFieldModel.of(model)
-    c = check_coefficients(rho0, "rho0", number("tol", tol, 0.0, low_open=True))
+    mf = MeanFieldModel.of(model, alibi)
+    tol = number("tol", tol, 0.0, low_open=True)
+    c = check_coefficients(rho0, "rho0", tol)
     S, K = c.shape[0], c.shape[1] - 1
+    if scheme not in SCHEMES:
+        raise fail("scheme", f"one of {SCHEMES}", repr(scheme))
+    labels = Labels.of(scheme, S, mf.slope) if mf.causal else None
+    if labels is not None and labels.tail(c) > tol:
+        raise fail("rho0", f"densities resolved in s by {S} {scheme} labels (Chebyshev "
+                   f"coefficients above degree 2 (S - 1) / 3 below {tol:g} relative; more "
+                   "labels or a smoother start)", f"a tail of {labels.tail(c):.3g}")
     if not mf.causal and S != 1:
         raise fail("rho0", "one density (K + 1,) or (1, K + 1) for the full mask (label cells "
                    "are for mask 'causal')", f"{S} label densities")
@@ -104,7 +123,7 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     if path is not None:
         check_path(path)
     start = time.perf_counter()
-    march = _March(mf, S, K, sigma, dt)
+    march = _March(mf, labels or S, K, sigma, dt)
     grid_times = np.concatenate([[0.0], times]) if times[0] > 0 else times
     saved_times, saved = [0.0], [c]
     refinements: list[list[float]] = []
@@ -123,7 +142,7 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
                 if march.resolved(new, tol):
                     c, t = new, (t0 + (i + 1) * h if i < m - 1 else float(t1))
                 elif refine_to is not None and 2 * march.modes <= refine_to:
-                    march = _March(mf, S, 2 * march.modes, sigma, march.dt / 2)
+                    march = _March(mf, labels or S, 2 * march.modes, sigma, march.dt / 2)
                     c = _padded(c, march.modes)
                     refinements.append([t, march.modes])
                     break
@@ -140,7 +159,8 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     result = MeanFieldResult(
         times=np.array(saved_times),
         coefficients=np.stack([_padded(x, march.modes) for x in saved]), model=mf.block,
-        settings={"modes": march.modes, "labels": S if mf.causal else None, "noise": sigma,
+        settings={"modes": march.modes, "labels": S if mf.causal else None,
+                  "scheme": scheme if mf.causal else None, "alibi": mf.slope, "noise": sigma,
                   "dt": march.dt, "steps": n_steps, "tol": tol, "points": march.field.points,
                   "method": "rk4" if sigma == 0 else "lawson-rk4",
                   "refinements": refinements},
@@ -154,7 +174,7 @@ class _March:
     """What depends on the number of modes K: the transport field, the step (checked against
     the Courant bound) and the noise factors."""
 
-    def __init__(self, mf: MeanFieldModel, labels: int, modes: int, sigma: float,
+    def __init__(self, mf: MeanFieldModel, labels: int | Labels, modes: int, sigma: float,
                  dt: float | None) -> None:
         self.modes = modes
         self.field = TransportField(mf, labels, modes)
@@ -182,7 +202,8 @@ class _March:
     def resolved(self, c: np.ndarray, tol: float) -> bool:
         """True when every label's density is resolved (module docstring)."""
         return bool(tail(c).max() <= tol
-                    and to_grid(c, self.field.points).min() * 2 * np.pi >= -tol)
+                    and to_grid(c, self.field.points).min() * 2 * np.pi >= -tol
+                    and self.field.labels.tail(c) <= tol)
 
 
 def _padded(c: np.ndarray, modes: int) -> np.ndarray:
