@@ -112,7 +112,10 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     if path is not None:
         check_path(path)
     start = time.perf_counter()
-    march = _March(mf, S, K, sigma, dt)
+    axisymmetric = d == 3 and sphere.keeps_axisymmetry(c, mf.V)
+    if axisymmetric:  # the round-off of a zonal start's orders m > 0 (sphere.AXISYMMETRIC_TOL)
+        c[..., 1:] = 0
+    march = _March(mf, S, K, sigma, dt, axisymmetric)
     grid_times = np.concatenate([[0.0], times]) if times[0] > 0 else times
     saved_times, saved = [0.0], [c]
     refinements: list[list[float]] = []
@@ -131,7 +134,8 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
                 if march.resolved(new, tol):
                     c, t = new, (t0 + (i + 1) * h if i < m - 1 else float(t1))
                 elif refine_to is not None and 2 * march.modes <= refine_to:
-                    march = _March(mf, S, 2 * march.modes, sigma, march.dt / 2)
+                    march = _March(mf, S, 2 * march.modes, sigma, march.dt / 2,
+                                   axisymmetric)
                     c = _padded(c, march.modes, d)
                     refinements.append([t, march.modes])
                     break
@@ -149,7 +153,7 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
         times=np.array(saved_times),
         coefficients=np.stack([_padded(x, march.modes, d) for x in saved]), model=mf.block,
         settings={"modes": march.modes, "labels": S if mf.causal else None, "noise": sigma,
-                  **({"d": 3} if d == 3 else {}),
+                  **({"d": 3, "axisymmetric": axisymmetric} if d == 3 else {}),
                   "dt": march.dt, "steps": n_steps, "tol": tol, "points": march.field.points,
                   "method": "rk4" if sigma == 0 else "lawson-rk4",
                   "refinements": refinements},
@@ -164,12 +168,12 @@ class _March:
     the step (checked against the Courant bound) and the noise factors."""
 
     def __init__(self, mf: MeanFieldModel, labels: int, modes: int, sigma: float,
-                 dt: float | None) -> None:
+                 dt: float | None, axisymmetric: bool = False) -> None:
         self.modes = modes
         self.sphere = mf.d == 3
         self.field: TransportField | sphere.TransportField2 = (
-            sphere.TransportField2(mf.b, mf.V, mf.weighting, labels, modes) if self.sphere
-            else TransportField(mf, labels, modes))
+            sphere.TransportField2(mf.b, mf.V, mf.weighting, labels, modes, axisymmetric)
+            if self.sphere else TransportField(mf, labels, modes))
         speed = self.field.speed_bound()
         if dt is None:
             dt = min(DEFAULT_DT, COURANT / (modes * speed)) if speed > 0 else DEFAULT_DT

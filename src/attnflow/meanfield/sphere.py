@@ -72,18 +72,23 @@ class SphereGrid:
 
     cos_theta, weights : (N_theta,) Gauss-Legendre nodes and weights on [-1, 1].
     phi : (N_phi,) equispaced longitudes.
-    P, dP : (L + 1 [m], N_theta, L + 1 [l]) values P_lm(cos theta_j) and d/dtheta of them
-        (0 where m > l).
+    P, dP : (M [m], N_theta, L + 1 [l]) values P_lm(cos theta_j) and d/dtheta of them
+        (0 where m > l), for the orders m < M.
+    orders : M, the orders the transforms handle: L + 1 (all), or 1 for functions
+        independent of phi (axisymmetric about the z axis; N_phi = 2 points suffice).
     """
 
-    def __init__(self, degree: int) -> None:
+    def __init__(self, degree: int, orders: int | None = None) -> None:
         self.degree = L = degree
+        self.orders = L + 1 if orders is None else orders
         self.n_theta, self.n_phi = grid_shape(degree)
+        if self.orders == 1:
+            self.n_phi = 2
         self.cos_theta, self.weights = np.polynomial.legendre.leggauss(self.n_theta)
         theta = np.arccos(self.cos_theta)
         self.sin_theta = np.sin(theta)
         self.phi = 2 * np.pi * np.arange(self.n_phi) / self.n_phi
-        l, m = np.meshgrid(np.arange(L + 1), np.arange(L + 1))  # (m, l) grids
+        l, m = np.meshgrid(np.arange(L + 1), np.arange(self.orders))  # (m, l) grids
         ok = m <= l
         y, jac = sph_harm_y(np.where(ok, l, 0)[:, None, :], np.where(ok, m, 0)[:, None, :],
                             theta[None, :, None], 0.0, diff_n=1)
@@ -108,29 +113,39 @@ class SphereGrid:
         return e_theta, e_phi
 
     def _to_grid(self, f: np.ndarray) -> np.ndarray:
-        """Values (..., N_theta, N_phi) from per-order coefficients f (..., N_theta, L + 1)."""
+        """Values (..., N_theta, N_phi) from per-order coefficients f (..., N_theta, M)."""
         spec = np.zeros((*f.shape[:-1], self.n_phi // 2 + 1), dtype=complex)
-        spec[..., :self.degree + 1] = f
+        spec[..., :self.orders] = f
         return np.fft.irfft(spec * self.n_phi, n=self.n_phi, axis=-1)
 
     def _orders(self, g: np.ndarray) -> np.ndarray:
-        """Per-order coefficients (..., N_theta, L + 1) of grid values (..., N_theta, N_phi)."""
-        return np.fft.rfft(g, axis=-1)[..., :self.degree + 1] / self.n_phi
+        """Per-order coefficients (..., N_theta, M) of grid values (..., N_theta, N_phi)."""
+        return np.fft.rfft(g, axis=-1)[..., :self.orders] / self.n_phi
+
+    def _columns(self, c: np.ndarray) -> np.ndarray:
+        """The orders m < M of coefficients (..., L + 1, L + 1 or M)."""
+        return c[..., :self.orders]
+
+    def _full(self, c: np.ndarray) -> np.ndarray:
+        """Coefficients (..., L + 1, M) padded with zero orders to (..., L + 1, L + 1)."""
+        pad = [(0, 0)] * (c.ndim - 1) + [(0, self.degree + 1 - self.orders)]
+        return np.pad(c, pad) if self.orders <= self.degree else c
 
     def synthesis(self, c: np.ndarray) -> np.ndarray:
         """Values (..., N_theta, N_phi) of coefficients c (..., L + 1, L + 1)."""
-        return self._to_grid(np.einsum("mjl,...lm->...jm", self.P, c))
+        return self._to_grid(np.einsum("mjl,...lm->...jm", self.P, self._columns(c)))
 
     def analysis(self, g: np.ndarray) -> np.ndarray:
         """Coefficients (..., L + 1, L + 1) of grid values g (exact for degree <= 2 N_theta -
         1 - L in cos theta and orders below N_phi / 2)."""
         gm = self._orders(g) * (2 * np.pi * self.weights[:, None])
-        return np.einsum("mjl,...jm->...lm", self.P, gm)
+        return self._full(np.einsum("mjl,...jm->...lm", self.P, gm))
 
     def gradient(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(d_theta f, d_phi f / sin theta) on the grid, each (..., N_theta, N_phi), of the
         function with coefficients c."""
-        m = np.arange(self.degree + 1)
+        m = np.arange(self.orders)
+        c = self._columns(c)
         g_theta = self._to_grid(np.einsum("mjl,...lm->...jm", self.dP, c))
         g_phi = self._to_grid(np.einsum("mjl,...lm->...jm", self.P, c) * (1j * m)
                               / self.sin_theta[:, None])
@@ -141,11 +156,11 @@ class SphereGrid:
         e_theta + f_phi e_phi given on the grid: int F . grad_S conj(Y_lm) (integration by
         parts on the closed sphere)."""
         w = 2 * np.pi * self.weights[:, None]
-        m = np.arange(self.degree + 1)
+        m = np.arange(self.orders)
         ft = self._orders(f_theta) * w
         fp = self._orders(f_phi) * (w * (-1j * m) / self.sin_theta[:, None])
-        return (np.einsum("mjl,...jm->...lm", self.dP, ft)
-                + np.einsum("mjl,...jm->...lm", self.P, fp))
+        return self._full(np.einsum("mjl,...jm->...lm", self.dP, ft)
+                          + np.einsum("mjl,...jm->...lm", self.P, fp))
 
 
 class TransportField2:
@@ -157,15 +172,18 @@ class TransportField2:
     weighting : "softmax" or "unnormalised".
     labels : 1 (the full mask; labels are not implemented on S^2).
     degree : L, the highest degree.
+    axisymmetric : compute the orders m = 0 only (exact for states independent of phi when
+        V commutes with the rotations about the z axis, `keeps_axisymmetry`: such states
+        stay so); the cost per evaluation falls from O(L^3) to O(L^2).
     """
 
     def __init__(self, b: float, V: np.ndarray, weighting: str, labels: int,
-                 degree: int) -> None:
+                 degree: int, axisymmetric: bool = False) -> None:
         if labels != 1:
             raise fail("mask", "mask 'full' on S^2 (the causal mask's labels are implemented "
                        "on the circle only)", "mask 'causal'")
         self.b, self.V, self.weighting, self.degree = b, np.asarray(V, float), weighting, degree
-        self.grid = SphereGrid(degree)
+        self.grid = SphereGrid(degree, 1 if axisymmetric else None)
         self.points = self.grid.n_theta * self.grid.n_phi
         i = kernel_coefficients(b, degree)  # e^{-|b|} i_l, l = 0..L + 1
         if weighting == "unnormalised":
@@ -205,6 +223,17 @@ class TransportField2:
         return norm if self.weighting == "softmax" else norm * float(np.exp(abs(self.b)))
 
 
+def keeps_axisymmetry(c: np.ndarray, V: np.ndarray) -> bool:
+    """True when states c (S, L + 1, L + 1) have no order m > 0 (to round-off: below
+    `AXISYMMETRIC_TOL` times c[s, 0, 0]) and V commutes with the rotations about the z axis
+    ([[a, -b, 0], [b, a, 0], [0, 0, e]]): the flow then keeps them independent of phi."""
+    V = np.asarray(V, dtype=float)
+    R = np.array([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # the generator
+    return bool(np.abs(c[..., 1:]).max(initial=0.0) <= AXISYMMETRIC_TOL * MASS0
+                and np.allclose(V @ R, R @ V, rtol=0,
+                                                          atol=1e-14 * max(1.0, np.abs(V).max())))
+
+
 def _triangle(degree: int) -> np.ndarray:
     """(L + 1, L + 1) 1 where m <= l, else 0 (the entries a coefficient array holds)."""
     l = np.arange(degree + 1)
@@ -213,6 +242,7 @@ def _triangle(degree: int) -> np.ndarray:
 
 # ------------------------------------------------------------------ densities on S^2
 MASS0 = 1 / np.sqrt(4 * np.pi)  # c[s, 0, 0] of a density of mass 1
+AXISYMMETRIC_TOL = 1e-13  # orders m > 0 below this (relative) are round-off of a zonal start
 
 
 def tail(c: np.ndarray) -> np.ndarray:
