@@ -204,3 +204,25 @@ def test_bad_sphere_inputs_are_refused():
         from_coefficients(2 * harmonic_start(6, {}))
     with pytest.raises(ValueError, match="resolved"):
         from_tokens(af.sphere.uniform(50, d=3, seed=0), 6, width=0.05)
+
+
+def test_mean_direction_against_quadrature():
+    from attnflow.meanfield.sphere import mean_direction
+
+    c = harmonic_start(6, START)
+    y, w = quadrature(12)
+    direct = (density_at(c[0], y) * w) @ y
+    np.testing.assert_allclose(mean_direction(c[0]), direct, rtol=0, atol=1e-15)
+
+
+def test_zonal_states_take_the_axisymmetric_path_with_the_same_result():
+    c = from_function(lambda x: np.exp(1.5 * x[..., 2]), 20, d=3)
+    model = af.Attention(beta=3, mask="full", attention="unnormalised", strength=0.5)
+    res = solve(model, c, 1.0, save_at=[0.0, 1.0], noise=1.0)
+    assert res.settings["axisymmetric"] is True
+    generic = c.copy()
+    generic[0, 3, 2] = 1e-9  # an order m > 0: the general path
+    other = solve(model, generic, 1.0, save_at=[0.0, 1.0], noise=1.0)
+    assert other.settings["axisymmetric"] is False
+    # the m = 0 column evolves alone to first order in the 1e-9 perturbation
+    assert np.abs(other.coefficients[-1, 0, :, 0] - res.coefficients[-1, 0, :, 0]).max() < 1e-12

@@ -349,6 +349,15 @@ def values(c: np.ndarray, x: np.ndarray) -> np.ndarray:
     return np.einsum("...lm,lmp->...p", c, y).real
 
 
+def mean_direction(c: np.ndarray) -> np.ndarray:
+    """int x rho(x) dx (..., 3) of densities with coefficients c (..., L + 1, L + 1): the
+    coordinates are degree-1 harmonics (z = sqrt(4 pi / 3) Y_10, x + i y = -sqrt(8 pi / 3)
+    Y_11), so only c_10 and c_11 enter."""
+    z = np.sqrt(4 * np.pi / 3) * c[..., 1, 0].real
+    xy = -np.sqrt(8 * np.pi / 3) * np.conj(c[..., 1, 1])
+    return np.stack([xy.real, xy.imag, z], axis=-1)
+
+
 def lat_lon(points: int) -> np.ndarray:
     """(points // 2, points, 3) the centres of an equiangular grid in (theta, phi)."""
     theta = (np.arange(points // 2) + 0.5) * np.pi / (points // 2)
