@@ -226,3 +226,13 @@ def test_zonal_states_take_the_axisymmetric_path_with_the_same_result():
     assert other.settings["axisymmetric"] is False
     # the m = 0 column evolves alone to first order in the 1e-9 perturbation
     assert np.abs(other.coefficients[-1, 0, :, 0] - res.coefficients[-1, 0, :, 0]).max() < 1e-12
+
+
+def test_harmonic_power_of_uniform_tokens_has_mean_one_over_n():
+    from attnflow.experiments.funkhecke import harmonic_power
+
+    n, runs = 200, 400
+    x = af.sphere.uniform((runs, n), 3, np.random.default_rng(3))
+    p = harmonic_power(x, 4) * n  # (runs, 4), each of mean 1 (a sum of 2l + 1 squares)
+    se = p.std(axis=0, ddof=1) / np.sqrt(runs)
+    assert np.all(np.abs(p.mean(axis=0) - 1) < 4 * se), (p.mean(axis=0), se)

@@ -17,6 +17,9 @@ Full attention, Q = K = V = I (times the strength K).
   settles on the branch (degree 40: the clustered state at this beta is sharper than a
   von Mises-Fisher bump of the same r) while the uniform state decays at sigma^2 (K / K_# -
   1) < 0. Zonal starts with V = I stay zonal: the solver then computes the orders m = 0 only.
+* Particles: n tokens iid uniform on S^2, `runs` runs per beta, RK4 with the harmonic kernel;
+  the power p_l (`harmonic_power`, mean 1/n at the start) of degrees l = 1..2 l* fitted over
+  the linear window exactly as on the circle (`attnflow.experiments.dispersion`).
 """
 
 from __future__ import annotations
@@ -26,14 +29,17 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
-from scipy.special import spherical_in
+from scipy.special import sph_harm_y, spherical_in
+from scipy.stats import t as student_t
 
 from attnflow.analysis import instability_strength, stationary_order, transition_strengths
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
+from attnflow.experiments.dispersion import linear_window_rates
 from attnflow.family import Attention
 from attnflow.meanfield import from_function, solve
 from attnflow.meanfield.sphere import MASS0, mean_direction
+from attnflow.sphere import uniform
 
 PAPERS = ("2410.23228", "2606.05140")
 NAME = "funkhecke"
@@ -44,10 +50,13 @@ QUICK: dict[str, Any] = {
     "threshold_betas": [1.0, 2.5], "continuous_beta": 1.0, "continuous_degree": 24,
     "hold": 15.0, "bistable_beta": 2.5, "bistable_degree": 40, "bistable_hold": 30.0,
     "clustered": False,
+    "particle_betas": [4.0], "n": 10_000, "runs": 8, "dt": 0.1, "save_every": 0.1,
+    "bound": 0.1, "backend": "harmonic:1e-9", "t_max": 20.0,
 }
 FULL: dict[str, Any] = {**QUICK, "betas": [4.0, 9.0, 25.0], "lmax": 6, "hold": 30.0,
-                        "clustered": True}
-FULL_MINUTES = 4  # estimated: the bistable clustered run (degree 40, t = 30) dominates
+                        "clustered": True, "particle_betas": [4.0, 9.0], "n": 100_000,
+                        "runs": 16}
+FULL_MINUTES = 15  # estimated: the particles at n = 1e5 (16 runs, two betas) dominate
 SIGMA = 1.0
 
 
@@ -121,7 +130,6 @@ def order_path(beta: float, K: float, a: float, degree: int, hold: float
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
-    del seed  # deterministic
     rates = _rates(params)
     progress(0.2)
     thresholds = [_threshold(b, params["eps"]) for b in params["threshold_betas"]]
@@ -140,8 +148,14 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
                         noise=SIGMA)
     clustered = (order_path(beta_b, K_mid, 3.3, params["bistable_degree"],
                             params["bistable_hold"]) if params["clustered"] else None)
+    progress(0.6)
+    rngs = [np.random.default_rng(s) for s in
+            np.random.SeedSequence(seed).spawn(len(params["particle_betas"]))]
+    particles = [_particle_rates(b, params, rng)
+                 for b, rng in zip(params["particle_betas"], rngs)]
     progress(0.95)
     numbers = {
+        "particles": particles,
         "rates": rates, "thresholds": thresholds,
         "continuous": {"beta": beta_c, "K_sharp": K_c,
                        "r_branch": stationary_order(1.2 * K_c, beta_c, 3, SIGMA),
@@ -155,6 +169,35 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
     claims = _claims(numbers, params)
     figures = [save_figure(_figure(numbers), out, "funkhecke.png")]
     return Output(numbers, claims, figures)
+
+
+def degrees_of(beta: float) -> np.ndarray:
+    """The measured degrees l = 1..2 l*, l* the fastest softmax degree at beta."""
+    l = np.arange(1, 64)
+    return np.arange(1, 2 * int(l[np.argmax(funk_hecke_rate(l, beta, "softmax"))]) + 1)
+
+
+def harmonic_power(x: np.ndarray, lmax: int) -> np.ndarray:
+    """p_l = 4 pi / (2 l + 1) sum_{m = -l..l} |M_lm|^2, M_lm = (1/n) sum_j conj(Y_lm(x_j)),
+    l = 1..lmax, of tokens x (..., n, 3) on S^2: (..., lmax); mean 1/n for iid uniform
+    tokens."""
+    theta = np.arccos(np.clip(x[..., 2], -1.0, 1.0))
+    phi = np.arctan2(x[..., 1], x[..., 0])
+    out = []
+    for l in range(1, lmax + 1):
+        M = np.stack([sph_harm_y(l, m, theta, phi).mean(axis=-1) for m in range(l + 1)], -1)
+        total = np.abs(M[..., 0]) ** 2 + 2 * np.sum(np.abs(M[..., 1:]) ** 2, axis=-1)
+        out.append(4 * np.pi / (2 * l + 1) * total)
+    return np.stack(out, axis=-1)
+
+
+def _particle_rates(beta: float, params: dict[str, Any], rng: np.random.Generator
+                    ) -> dict[str, Any]:
+    model = Attention(beta=beta, mask="full", backend=params["backend"])
+    x = uniform((int(params["runs"]), int(params["n"])), 3, rng)
+    l = degrees_of(beta)
+    fit = linear_window_rates(model, x, lambda y: harmonic_power(y, l.size), params)
+    return {"beta": beta, "l": l, "formula": funk_hecke_rate(l, beta, "softmax"), **fit}
 
 
 def _path(path: tuple[np.ndarray, np.ndarray, float | None]) -> dict[str, Any]:
@@ -175,6 +218,11 @@ def _claims(numbers: dict[str, Any], params: dict[str, Any]) -> list[Claim]:
              else _settled_gap(bi["clustered"], bi["r_branch"]))
     decay_err = abs(bi["decay"] / bi["decay_closed"] - 1)
     hold = params["hold"]
+    rows, runs = numbers["particles"], int(params["runs"])
+    z = np.concatenate([(r["particles"] - r["formula"]) / r["se"] for r in rows])
+    p = 2 * student_t.sf(np.abs(z), runs - 1)
+    off = max(float(np.max(np.abs(r["particles"] - r["formula"]) / np.max(r["formula"])))
+              for r in rows)
     return [
         claim("funkhecke.rates", f"{len(rates)} solves (beta {params['betas']} softmax, "
               f"{params['unnormalised_betas']} unnormalised; l = 1..{params['lmax']}, m = 0 "
@@ -196,6 +244,14 @@ def _claims(numbers: dict[str, Any], params: dict[str, Any]) -> list[Claim]:
                   f"clustered r({bi['clustered']['t'][-1]:g}) = "
                   f"{bi['clustered']['r'][-1]:.6f} vs branch {bi['r_branch']:.6f}"),
               {"branch_gap": gap_b, "uniform_rate_error": decay_err}),
+        claim("funkhecke.particles", "; ".join(
+            f"beta={r['beta']:g} (window t <= {r['window_end']:g}): " + ", ".join(
+                f"l={l}: {m:.4f} +- {s:.4f} ({f:.4f})"
+                for l, m, s, f in zip(r["l"], r["particles"], r["se"], r["formula"]))
+            for r in rows) + f" (measured +- se (formula)); largest |z| "
+              f"{float(np.abs(z).max()):.2f} over {z.size} comparisons",
+              {"family_p": min(1.0, float(p.min()) * z.size), "largest_off_peak": off},
+              n=params["n"], runs=runs),
     ]
 
 
@@ -207,8 +263,8 @@ def _settled_gap(path: dict[str, Any], r_branch: float) -> float:
 
 
 def _figure(numbers: dict[str, Any]) -> Figure:
-    fig = Figure(figsize=(10, 4))
-    ax1, ax2 = fig.subplots(1, 2)
+    fig = Figure(figsize=(15, 4))
+    ax1, ax2, ax3 = fig.subplots(1, 3)
     rows = numbers["rates"]
     for beta, weighting in sorted({(r["beta"], r["weighting"]) for r in rows}):
         sel = [r for r in rows if r["beta"] == beta and r["weighting"] == weighting]
@@ -229,5 +285,12 @@ def _figure(numbers: dict[str, Any]) -> Figure:
     ax2.axhline(bi["r_branch"], ls=":", lw=0.8, color="grey")
     ax2.set(xlabel="t", ylabel="r = |int x rho|", title="Order parameter (branches dashed)")
     ax2.legend(fontsize=7)
+    for r in numbers["particles"]:
+        line, = ax3.plot(r["l"], r["formula"], lw=1, label=f"beta {r['beta']:g}: Funk-Hecke")
+        ax3.errorbar(r["l"], r["particles"], yerr=2 * np.asarray(r["se"]), fmt="o", ms=4,
+                     color=line.get_color(), label=f"particles (t <= {r['window_end']:g})")
+    ax3.set(xlabel="degree l", ylabel="growth rate",
+            title="Particles from uniform starts (+- 2 se)")
+    ax3.legend(fontsize=7)
     fig.tight_layout()
     return fig
