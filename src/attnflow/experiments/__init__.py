@@ -24,7 +24,7 @@ SUITES: dict[str, tuple[str, ...]] = {
                   "realmodel", "depth", "looped", "ladder", "dispersion", "causalprofile",
                   "convergence", "kuramoto"),
     "closedforms": ("lostmiddle", "alibiprofile", "tricritical", "threebody", "selectivity",
-                    "gaussian", "hardmax"),
+                    "gaussian", "hardmax", "funkhecke"),
 }
 NAMES: tuple[str, ...] = tuple(name for names in SUITES.values() for name in names)
 SUITE_OF: dict[str, str] = {name: suite for suite, names in SUITES.items() for name in names}

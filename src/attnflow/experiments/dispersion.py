@@ -128,17 +128,26 @@ def moments(X: np.ndarray, kmax: int) -> np.ndarray:
 def _particle_rates(beta: float, params: dict[str, Any], rng: np.random.Generator
                     ) -> dict[str, Any]:
     """Simulate the runs save by save until the linear window closes; fit every mode."""
-    n, runs, step = int(params["n"]), int(params["runs"]), float(params["save_every"])
-    ks = modes(beta)
-    limit = params["bound"] / np.sqrt(n)
     model = Attention(beta=beta, mask="full", backend=params["backend"])
-    x = uniform((runs, n), 2, rng)
-    times, power = [0.0], [np.abs(moments(x, ks.size)) ** 2]  # power: (runs, len(ks)) per save
-    while power[-1].mean(axis=0).max() <= limit and times[-1] < params["t_max"]:
+    x = uniform((int(params["runs"]), int(params["n"])), 2, rng)
+    return linear_window_rates(model, x, lambda x: np.abs(moments(x, modes(beta).size)) ** 2,
+                               params)
+
+
+def linear_window_rates(model: Attention, x: np.ndarray, power: Any, params: dict[str, Any]
+                        ) -> dict[str, Any]:
+    """Rates of the powers of the modes of runs x (runs, n, d) from iid uniform starts:
+    `power(x)` (runs, K), each of mean 1/n at the start, is saved every `save_every` (RK4 at
+    `dt`) until the runs' mean of some mode exceeds `bound` / sqrt(n) (the linear window,
+    module docstring) or t_max, then fitted by `fit_rates`."""
+    n, step = x.shape[-2], float(params["save_every"])
+    limit = params["bound"] / np.sqrt(n)
+    times, saved = [0.0], [power(x)]  # (runs, K) per save
+    while saved[-1].mean(axis=0).max() <= limit and times[-1] < params["t_max"]:
         x = simulate(model, x, step, save_at=[0.0, step], method="rk4", dt=params["dt"]).final
         times.append(times[-1] + step)
-        power.append(np.abs(moments(x, ks.size)) ** 2)
-    P = np.stack(power)  # (T, runs, K)
+        saved.append(power(x))
+    P = np.stack(saved)  # (T, runs, K)
     inside = P.mean(axis=1).max(axis=1) <= limit
     window = int(np.flatnonzero(~inside)[0]) if not inside.all() else len(times)
     t = np.array(times[:window])

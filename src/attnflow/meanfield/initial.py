@@ -15,6 +15,7 @@ import numpy as np
 import scipy.fft as sfft
 
 from attnflow._checks import describe, fail, finite_array, positive
+from attnflow.meanfield import sphere
 from attnflow.meanfield.labels import label_nodes
 
 __all__ = ["DEFAULT_TAIL", "check_coefficients", "from_coefficients", "from_function",
@@ -58,20 +59,35 @@ def check_coefficients(c: Any, name: str = "rho0", tol: float = DEFAULT_TAIL) ->
 
 
 def from_coefficients(c: Any) -> np.ndarray:
-    """Coefficients (K + 1,) or (S, K + 1) checked by `check_coefficients`; (S, K + 1)."""
+    """Coefficients (K + 1,) or (S, K + 1) checked by `check_coefficients`; (S, K + 1).
+    A 3-d array (S, L + 1, L + 1) is a density on S^2 (`attnflow.meanfield.sphere`)."""
+    if np.ndim(c) == 3:
+        return sphere.check_coefficients(c, "c", DEFAULT_TAIL)
     return check_coefficients(c, "c")
 
 
 def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
-                  tol: float = DEFAULT_TAIL, scheme: str = "cells") -> np.ndarray:
+                  tol: float = DEFAULT_TAIL, scheme: str = "cells", *, d: int = 2
+                  ) -> np.ndarray:
     """The coefficients (S, K + 1) of rho(theta) = f(theta) (labels None: S = 1) or of
     f(s, theta) at the S labels s of the `scheme` (`attnflow.meanfield.labels`: "cells", the
     cells' midpoints (j - 1/2) / S; "chebyshev", the Chebyshev-Lobatto nodes from 0 to 1)
     (arrays broadcast: s of shape (S, 1), theta of shape (P,)). f >= 0, not necessarily
     normalised: each label's density is
     scaled to mass 1. f is sampled at P = max(8 K, 256) points; the modes above K must be
-    negligible (below `tol` relative), or the start is refused as unresolved."""
+    negligible (below `tol` relative), or the start is refused as unresolved.
+
+    d = 3: a density on S^2, f(x) of points x (..., 3) returning (...,), as spherical-harmonic
+    coefficients (1, L + 1, L + 1) of degree L = modes (`attnflow.meanfield.sphere`; sampled
+    on the quadrature grid of degree 2 L; full mask only, so no labels)."""
     K = _modes(modes)
+    if d not in (2, 3) or isinstance(d, bool):
+        raise fail("d", "2 (the circle) or 3 (S^2)", repr(d))
+    if d == 3:
+        if labels is not None:
+            raise fail("labels", "None on S^2 (labels are for the causal mask, implemented "
+                       "on the circle only)", repr(labels))
+        return sphere.from_values(f, K, tol)
     P = max(8 * K, 256)
     theta = 2 * np.pi * np.arange(P) / P
     S = 1 if labels is None else _labels(labels)
@@ -99,12 +115,21 @@ def from_tokens(x: Any, modes: int, width: float, labels: int | None = None,
     kernel of standard deviation `width` (radians; mode k scaled by e^{-k^2 width^2 / 2},
     i.e. the heat kernel), as coefficients (S, K + 1). With `labels` S, token i (0-based)
     carries the label (i + 1) / n and each label cell ((j - 1) / S, j / S] averages its
-    tokens (every cell needs one). The smoothed density must be resolved by K modes."""
+    tokens (every cell needs one). The smoothed density must be resolved by K modes.
+
+    Tokens (n, 3) on S^2 give coefficients (1, L + 1, L + 1) of degree L = modes, smoothed
+    by the heat kernel (degree l scaled by e^{-l (l + 1) width^2 / 2}); no labels."""
     K = _modes(modes)
     x = finite_array("x", x, ndim=2, dtype=float)
-    if x.shape[1] != 2 or len(x) == 0:
-        raise fail("x", "tokens of shape (n, 2) on the circle (d = 2), n >= 1", describe(x))
+    if x.shape[1] not in (2, 3) or len(x) == 0:
+        raise fail("x", "tokens of shape (n, 2) on the circle or (n, 3) on S^2, n >= 1",
+                   describe(x))
     w = positive("width", width)
+    if x.shape[1] == 3:
+        if labels is not None:
+            raise fail("labels", "None on S^2 (labels are for the causal mask, implemented "
+                       "on the circle only)", repr(labels))
+        return sphere.from_points(x, K, w, tol)
     theta = np.arctan2(x[:, 1], x[:, 0])
     waves = np.exp(-1j * np.outer(theta, np.arange(K + 1)))  # (n, K + 1)
     n = len(x)

@@ -12,6 +12,9 @@ apart: the block's own ALiBi is per token, and the mean field has no n), and the
 * V, any real (2, 2) matrix, times the block's interaction strength K
   (`attnflow.family.Strength`: the velocity is K times that of strength 1, softmax or not).
 
+On S^2 (d = 3, `attnflow.meanfield.sphere`) Q^T K must be c I (the kernel e^{b <x, y>} is then
+zonal, b = beta c of either sign) and V is any real (3, 3) matrix (times K).
+
 Everything else of the family (d != 2, several heads, memory, positional encodings, QK-norm,
 projection biases, an MLP, schemes other than post-LN, window or array masks, Sinkhorn
 weights, a Stack) is refused with a ValueError naming what is supported.
@@ -30,12 +33,13 @@ from attnflow.family import Attention, Block
 
 __all__ = ["MeanFieldModel"]
 
-SUPPORTED = ("an attnflow.Attention block (or its keyword arguments) with d = 2, a finite "
-             "beta, one (Q, K, V) head whose Q^T K is a multiple of an orthogonal matrix, any "
-             "V, mask 'full' or 'causal', attention 'softmax', 'unnormalised' or 'positional', "
-             "norm 'post', no memory, positional encodings, QK-norm, projection biases or MLP "
-             "(ALiBi: the slope per unit label as solve(..., alibi=m * n) for the particles' "
-             "slope m per token at n tokens, causal mask)")
+SUPPORTED = ("an attnflow.Attention block (or its keyword arguments) with d = 2 (circle) or "
+             "d = 3 (S^2), a finite beta, one (Q, K, V) head whose Q^T K is a multiple of an "
+             "orthogonal matrix (d = 2) or of the identity (d = 3), any V, mask 'full' or "
+             "'causal' (d = 3: 'full'), attention 'softmax', 'unnormalised' or 'positional' "
+             "(d = 3: the first two), norm 'post', no memory, positional encodings, QK-norm, "
+             "projection biases or MLP (ALiBi: the slope per unit label as solve(..., "
+             "alibi=m * n) for the particles' slope m per token at n tokens, causal mask)")
 
 
 MAX_B = 700.0  # the largest |beta c| of weights not normalised by Z, whose kernel is e^(b cos)
@@ -57,7 +61,8 @@ class MeanFieldModel:
         (b < 0: repulsive; the Bessel coefficients I_k(b) = (-1)^k I_k(|b|) carry the sign).
     alpha : the rotation angle of Q^T K (radians); with `reflect`, the reflection's angle.
     reflect : Q^T K is c times a reflection (det < 0): the score depends on theta + phi.
-    V : (2, 2) value matrix times the interaction strength K of the block.
+    V : (d, d) value matrix times the interaction strength K of the block.
+    d : 2 (the circle) or 3 (S^2).
     """
 
     block: Block
@@ -68,18 +73,21 @@ class MeanFieldModel:
     reflect: bool
     V: np.ndarray
     slope: float = 0.0
+    d: int = 2
 
     @classmethod
-    def of(cls, model: Block | Mapping[str, Any], alibi: float | None = None
+    def of(cls, model: Block | Mapping[str, Any], alibi: float | None = None, d: int = 2
            ) -> MeanFieldModel:
-        """Read a block (or build `attnflow.Attention(**options)` from a mapping); `alibi`:
-        ALiBi's slope per unit label (None or 0: none; causal mask only)."""
+        """Read a block (or build `attnflow.Attention(**options)` from a mapping) for the
+        sphere S^{d-1} of the density (d = 2 or 3; the block's own d, if set, must agree);
+        `alibi`: ALiBi's slope per unit label (None or 0: none; causal mask only)."""
         if isinstance(model, Mapping):
             model = Attention(**model)
         if not isinstance(model, Block):
             raise fail("model", SUPPORTED, type(model).__name__)
         att = model.attention
-        _require(model.d in (None, 2), "d", model.d)
+        _require(model.d in (None, d), "d", f"a model of d = {model.d} for a density on "
+                 f"S^{d - 1}" if model.d in (2, 3) else model.d)
         _require(model.mlp is None, "mlp", model.mlp)
         _require(model.norm == "post", "norm", model.norm)
         _require(len(att.heads) == 1 and len(att.heads[0]) == 3, "heads",
@@ -98,6 +106,8 @@ class MeanFieldModel:
             raise fail("alibi", "ALiBi with mask 'causal' (the full mask's two-sided bias "
                        "is not modelled)", f"mask {att.mask!r}")
         _require(bool(np.isfinite(att.beta)), "beta", att.beta)
+        if d == 3:
+            return cls._of_sphere(model)
         Q, K, V = att.heads[0]
         B = (np.eye(2) if Q is None else Q).T @ (np.eye(2) if K is None else K)
         c = float(np.sqrt(abs(np.linalg.det(B))))
@@ -116,6 +126,27 @@ class MeanFieldModel:
         V = np.eye(2) if V is None else np.asarray(V, dtype=float)
         return cls(model, att.weighting.method, att.mask == "causal", float(att.beta) * c,
                    alpha, reflect, att.strength * V, slope)
+
+
+    @classmethod
+    def _of_sphere(cls, model: Block) -> MeanFieldModel:
+        """The S^2 case of `of` (Q^T K = c I), after the checks common to both."""
+        att = model.attention
+        _require(att.mask == "full", "mask", att.mask)
+        _require(att.weighting.method != "positional", "attention", att.weighting.method)
+        Q, K, V = att.heads[0]
+        B = (np.eye(3) if Q is None else Q).T @ (np.eye(3) if K is None else K)
+        c = float(np.trace(B) / 3)
+        if not np.allclose(B, c * np.eye(3), rtol=0, atol=1e-12 * max(1.0, abs(c))):
+            raise fail("Q, K", "Q^T K a multiple of the identity on S^2 (" + SUPPORTED + ")",
+                       f"Q^T K = {B.tolist()}")
+        b = float(att.beta) * c
+        if att.weighting.method == "unnormalised" and abs(b) > MAX_B:
+            raise fail("beta", f"|beta| c <= {MAX_B:g} for unnormalised weights (c = {c:.6g}, "
+                       "the scale of Q^T K: the kernel e^(|beta| c) overflows float64 beyond)",
+                       f"beta c = {b:.6g}")
+        V = np.eye(3) if V is None else np.asarray(V, dtype=float)
+        return cls(model, att.weighting.method, False, b, 0.0, False, att.strength * V, d=3)
 
 
 def _require(ok: bool, name: str, received: Any) -> None:

@@ -17,6 +17,7 @@ from attnflow._checks import fail
 from attnflow._files import atomic_path, consolidating
 from attnflow._version import __version__, git_commit
 from attnflow.family import Block, model_from_record
+from attnflow.meanfield import sphere
 from attnflow.meanfield.labels import Labels, label_nodes
 from attnflow.meanfield.spectral import to_grid
 from attnflow.trajectory import read_dataset
@@ -38,7 +39,9 @@ class MeanFieldResult:
     ----------
     times : (T,) save times (one unit = one layer, as for particles).
     coefficients : (T, S, K + 1) complex Fourier coefficients of the label densities,
-        rho_s(theta) = sum_{|k| <= K} c[s, k] e^{i k theta} (per unit angle, mass 1 each).
+        rho_s(theta) = sum_{|k| <= K} c[s, k] e^{i k theta} (per unit angle, mass 1 each);
+        on S^2 (settings["d"] = 3) (T, 1, L + 1, L + 1) spherical-harmonic coefficients
+        (`attnflow.meanfield.sphere`: rows l, columns m = 0..l, per unit area).
     model : the attnflow block whose mean field this is.
     settings : the solver's record: modes K, labels S (None: full mask) and their scheme,
         ALiBi's slope per unit label `alibi`, noise sigma, dt,
@@ -60,6 +63,11 @@ class MeanFieldResult:
     commit: str | None = field(default_factory=git_commit)
 
     @property
+    def d(self) -> int:
+        """2 (densities on the circle) or 3 (on S^2)."""
+        return int(self.settings.get("d", 2))
+
+    @property
     def labels(self) -> np.ndarray | None:
         """The labels s (S,) (causal mask: the label cells' midpoints or the Chebyshev-Lobatto
         nodes, settings["scheme"]), None for the full mask."""
@@ -78,6 +86,9 @@ class MeanFieldResult:
     def moments(self, k: int) -> np.ndarray:
         """The Fourier moments int e^{i k theta} rho(theta) dtheta (T, S) = 2 pi conj(c_k):
         the n -> infinity limit of the particles' (1/n) sum_j e^{i k theta_j}; k in 0..K."""
+        if self.d == 3:
+            raise fail("k", "a result on the circle (on S^2 the moments are the coefficients "
+                       "themselves: int conj(Y_lm) rho = coefficients[..., l, m])", "an S^2 result")
         K = self.coefficients.shape[-1] - 1
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= K:
             raise fail("k", f"a mode 0 <= k <= K = {K} (for k < 0: conj(moments(-k)))",
@@ -85,7 +96,13 @@ class MeanFieldResult:
         return 2 * np.pi * np.conj(self.coefficients[..., k])
 
     def density(self, points: int = 256) -> np.ndarray:
-        """The densities (T, S, points) at theta_j = 2 pi j / points (points > 2 K)."""
+        """The densities (T, S, points) at theta_j = 2 pi j / points (points > 2 K); on S^2
+        (T, S, points // 2, points) at the centres of `sphere.lat_lon(points)` (polar angle
+        down the rows, longitude along the columns), per unit area."""
+        if self.d == 3:
+            grid = sphere.lat_lon(points)
+            return sphere.values(self.coefficients, grid.reshape(-1, 3)).reshape(
+                *self.coefficients.shape[:2], *grid.shape[:2])
         return to_grid(self.coefficients, points)
 
     def record(self) -> dict[str, Any]:
@@ -102,7 +119,8 @@ class MeanFieldResult:
         import xarray as xr
 
         c = self.coefficients
-        dims = ("time", "label", "mode")
+        dims = ("time", "label", "mode") if c.ndim == 3 else ("time", "label", "degree",
+                                                                "order")
         data = {"real": (dims, c.real), "imag": (dims, c.imag)}
         _, arrays = self.model.to_record()
         for name, arr in arrays.items():
@@ -110,8 +128,9 @@ class MeanFieldResult:
         labels = self.labels
         return xr.Dataset(
             data,
-            coords={"time": self.times, "mode": np.arange(c.shape[-1]),
-                    "label": labels if labels is not None else np.ones(1)},
+            coords={"time": self.times, "label": labels if labels is not None else np.ones(1),
+                    **({"mode": np.arange(c.shape[-1])} if c.ndim == 3 else {
+                        "degree": np.arange(c.shape[-1]), "order": np.arange(c.shape[-1])})},
             attrs={"attnflow_meanfield": json.dumps(self.record())},
         )
 

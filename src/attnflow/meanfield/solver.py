@@ -43,6 +43,7 @@ from attnflow.errors import NonFiniteStateError
 from attnflow.family import Block
 from attnflow.integrate import check_solver_args, rk4_step
 from attnflow.manifolds import EUCLIDEAN
+from attnflow.meanfield import sphere
 from attnflow.meanfield.initial import DEFAULT_TAIL, check_coefficients, tail
 from attnflow.meanfield.labels import SCHEMES, Labels
 from attnflow.meanfield.model import MeanFieldModel
@@ -72,12 +73,16 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     rho0 : Fourier coefficients (K + 1,) or (S, K + 1) (`from_function`, `from_tokens`,
         `from_coefficients`): one density for the full mask; for the causal mask one per
         label of the `scheme` (token i of n has the label i / n).
+        On S^2: spherical-harmonic coefficients (1, L + 1, L + 1) (`from_function` with
+        d = 3, `from_tokens` of (n, 3) tokens; `attnflow.meanfield.sphere`): a 3-d array
+        means S^2, and the model's d, if set, must be 3. K below is then the degree L.
     t_end : final time >= 0 (one unit = one layer).
     save_at : increasing save times in [0, t_end] (default 101 evenly spaced); 0 and t_end
         are always saved.
     noise : sigma >= 0 of attnflow's SDE dX = F dt + sigma P_X dW (`attnflow.simulate`):
         on the circle theta does Brownian motion of variance sigma^2 t, so the density gains
-        the Fokker-Planck term (sigma^2 / 2) d_theta^2 rho. None: no noise.
+        the Fokker-Planck term (sigma^2 / 2) d_theta^2 rho (on S^2: (sigma^2 / 2) times the
+        Laplace-Beltrami operator, degree l damped at sigma^2 l (l + 1) / 2). None: no noise.
     dt : the largest step (default: module docstring).
     tol : the resolution bound (module docstring).
     refine_to : None (default: stop where resolution is lost), or the most modes to refine
@@ -100,10 +105,12 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     unsupported settings (naming what is supported) and `NonFiniteStateError` if a state
     becomes non-finite.
     """
-    mf = MeanFieldModel.of(model, alibi)
     tol = number("tol", tol, 0.0, low_open=True)
-    c = check_coefficients(rho0, "rho0", tol)
-    S, K = c.shape[0], c.shape[1] - 1
+    d = 3 if np.ndim(rho0) == 3 else 2
+    mf = MeanFieldModel.of(model, alibi, d)
+    c = (sphere.check_coefficients(rho0, "rho0", tol) if d == 3
+         else check_coefficients(rho0, "rho0", tol))
+    S, K = c.shape[0], c.shape[-1] - 1
     if scheme not in SCHEMES:
         raise fail("scheme", f"one of {SCHEMES}", repr(scheme))
     labels = Labels.of(scheme, S, mf.slope) if mf.causal else None
@@ -123,7 +130,10 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     if path is not None:
         check_path(path)
     start = time.perf_counter()
-    march = _March(mf, labels or S, K, sigma, dt)
+    axisymmetric = d == 3 and sphere.keeps_axisymmetry(c, mf.V)
+    if axisymmetric:  # the round-off of a zonal start's orders m > 0 (sphere.AXISYMMETRIC_TOL)
+        c[..., 1:] = 0
+    march = _March(mf, labels or S, K, sigma, dt, axisymmetric)
     grid_times = np.concatenate([[0.0], times]) if times[0] > 0 else times
     saved_times, saved = [0.0], [c]
     refinements: list[list[float]] = []
@@ -142,8 +152,9 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
                 if march.resolved(new, tol):
                     c, t = new, (t0 + (i + 1) * h if i < m - 1 else float(t1))
                 elif refine_to is not None and 2 * march.modes <= refine_to:
-                    march = _March(mf, labels or S, 2 * march.modes, sigma, march.dt / 2)
-                    c = _padded(c, march.modes)
+                    march = _March(mf, labels or S, 2 * march.modes, sigma, march.dt / 2,
+                                   axisymmetric)
+                    c = _padded(c, march.modes, d)
                     refinements.append([t, march.modes])
                     break
                 else:
@@ -158,9 +169,10 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
         saved.append(c)
     result = MeanFieldResult(
         times=np.array(saved_times),
-        coefficients=np.stack([_padded(x, march.modes) for x in saved]), model=mf.block,
+        coefficients=np.stack([_padded(x, march.modes, d) for x in saved]), model=mf.block,
         settings={"modes": march.modes, "labels": S if mf.causal else None,
                   "scheme": scheme if mf.causal else None, "alibi": mf.slope, "noise": sigma,
+                  **({"d": 3, "axisymmetric": axisymmetric} if d == 3 else {}),
                   "dt": march.dt, "steps": n_steps, "tol": tol, "points": march.field.points,
                   "method": "rk4" if sigma == 0 else "lawson-rk4",
                   "refinements": refinements},
@@ -171,13 +183,16 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
 
 
 class _March:
-    """What depends on the number of modes K: the transport field, the step (checked against
-    the Courant bound) and the noise factors."""
+    """What depends on the number of modes K (on S^2: the degree L): the transport field,
+    the step (checked against the Courant bound) and the noise factors."""
 
     def __init__(self, mf: MeanFieldModel, labels: int | Labels, modes: int, sigma: float,
-                 dt: float | None) -> None:
+                 dt: float | None, axisymmetric: bool = False) -> None:
         self.modes = modes
-        self.field = TransportField(mf, labels, modes)
+        self.sphere = mf.d == 3
+        self.field: TransportField | sphere.TransportField2 = (
+            sphere.TransportField2(mf.b, mf.V, mf.weighting, labels, modes, axisymmetric)
+            if self.sphere else TransportField(mf, labels, modes))
         speed = self.field.speed_bound()
         if dt is None:
             dt = min(DEFAULT_DT, COURANT / (modes * speed)) if speed > 0 else DEFAULT_DT
@@ -187,7 +202,10 @@ class _March:
                        f"{speed:.3g})", repr(dt))
         self.dt = dt
         self.sigma = sigma
-        self._rates = np.arange(modes + 1) ** 2 * (sigma * sigma / 2)
+        k = np.arange(modes + 1)
+        # the heat semigroup's rates: k^2 on the circle, l (l + 1) on S^2 (rows l)
+        self._rates = (k * (k + 1))[:, None] * (sigma * sigma / 2) if self.sphere else (
+            k**2 * (sigma * sigma / 2))
         self._factors: dict[float, tuple[np.ndarray, np.ndarray]] = {}
 
     def step(self, c: np.ndarray, h: float) -> np.ndarray:
@@ -201,14 +219,19 @@ class _March:
 
     def resolved(self, c: np.ndarray, tol: float) -> bool:
         """True when every label's density is resolved (module docstring)."""
+        if self.sphere:
+            return bool(sphere.tail(c).max() <= tol
+                        and sphere.minimum(c, self.field.grid) >= -tol)
         return bool(tail(c).max() <= tol
                     and to_grid(c, self.field.points).min() * 2 * np.pi >= -tol
                     and self.field.labels.tail(c) <= tol)
 
 
-def _padded(c: np.ndarray, modes: int) -> np.ndarray:
-    """Coefficients (S, K + 1) with zeros up to mode `modes`."""
-    return np.pad(c, ((0, 0), (0, modes + 1 - c.shape[1])))
+def _padded(c: np.ndarray, modes: int, d: int = 2) -> np.ndarray:
+    """Coefficients (S, K + 1) with zeros up to mode `modes` (S^2: (S, L + 1, L + 1) up to
+    degree `modes`)."""
+    grow = modes + 1 - c.shape[-1]
+    return np.pad(c, ((0, 0), (0, grow)) if d == 2 else ((0, 0), (0, grow), (0, grow)))
 
 
 def _lawson_rk4(field: TransportField, u: np.ndarray, h: float, full: np.ndarray,
