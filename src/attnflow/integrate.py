@@ -129,6 +129,7 @@ class Solution:
     n_steps: int
     n_rejected: int
     n_jacobians: int = 0
+    h_min: float | None = None  # the smallest step taken (fixed-step methods)
 
 
 # ---------------------------------------------------------------------------- fixed steps
@@ -293,7 +294,9 @@ def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, g
                     progress(t0 + (i + 1) * h)
             states.append(x)
         states = np.stack(states)
-    return Solution(np.asarray(times), states, n_steps * evals_per_step, n_steps, 0)
+    h_min = min((h for _, h, m in grid if m), default=None)
+    return Solution(np.asarray(times), states, n_steps * evals_per_step, n_steps, 0,
+                    h_min=h_min)
 
 
 def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
@@ -331,7 +334,8 @@ def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
             if progress is not None:
                 progress(t0 + (i + 1) * dt)
         states.append(x)
-    return Solution(np.asarray(times), np.stack(states), n_steps, n_steps, 0)
+    return Solution(np.asarray(times), np.stack(states), n_steps, n_steps, 0,
+                    h_min=dt if n_steps else None)
 
 
 def _noisy_step(drift: Field, field: Field, x: np.ndarray, h: float, dW: np.ndarray,

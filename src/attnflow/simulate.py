@@ -18,16 +18,18 @@ from attnflow.implicit import IMPLICIT
 from attnflow.integrate import (
     DEFAULT_DT,
     EVENTS,
+    FIXED_STEP,
     NOISY,
     Drift,
     Noise,
     check_solver_args,
     integrate,
 )
-from attnflow.kernels import hardmax
+from attnflow.kernels import hardmax, harmonic, kernel_name
+from attnflow.kernels.auto import harmonic_or_blocked
 from attnflow.kernels.fused import tile_runs
 from attnflow.manifolds import SPHERE
-from attnflow.savetimes import is_generated
+from attnflow.savetimes import is_generated, on_step_grid
 from attnflow.sphere import inner
 from attnflow.trajectory import Trajectory
 
@@ -64,8 +66,12 @@ def simulate(
         0.01, `attnflow.log_times`), "log:NUM", "linspace:START:STOP:NUM". Default: 101
         evenly spaced times from 0 to t_end, with log-spaced ones inside the first interval
         when it is longer than 0.1, so a long run's early dynamics are resolved
-        (`attnflow.savetimes.default_times`; t_end = 150: 123 times). With noise, generated
-        times move to the nearest times on the step grid. t_end is always saved.
+        (`attnflow.savetimes.default_times`; t_end = 150: 123 times). With a fixed-step
+        method the default times move to the nearest times k dt of the step grid
+        (`attnflow.savetimes.on_step_grid`), so that saving never shortens a step (t_end = 2,
+        dt = 0.05: 41 times); given times are kept, and the steps shortened to meet them
+        are recorded (`integrator["dt_min"]`). With noise, generated times move to the
+        nearest times on the step grid. t_end is always saved.
     method : "rk4" (default), "euler", "geodesic", "dopri5", or the implicit "bdf", "radau",
         "lsoda" for long horizons (see `attnflow.integrate`; these solve run by run with
         the model's exact Jacobian where it has one, finite differences otherwise), or
@@ -124,6 +130,10 @@ def simulate(
         times = _on_grid(times, dt, is_generated(save_at), [b for _, b, _ in pieces])
         runs = int(np.prod(x0.shape[:-2], dtype=int))
         path = BrownianPath(seed, runs, x0.shape[-2:], dt * 2**level)
+    elif method in FIXED_STEP:
+        dt = DEFAULT_DT if dt is None else dt
+        if save_at is None or (isinstance(save_at, str) and save_at == "default"):
+            times = on_step_grid(times, dt)
     with progress_bar(progress, t_end, "simulating",
                       "t = {task.completed:.4g}" + f" / {t_end:g}") as report:
         start = time.perf_counter()
@@ -131,7 +141,10 @@ def simulate(
                                          model.manifold, sigma, path, level)
         wall = time.perf_counter() - start
     integrator = {"method": method, "dt": dt, "rtol": rtol, "atol": atol,
-                  "n_steps": work["n_steps"], "n_rejected": work["n_rejected"]}
+                  "n_steps": work["n_steps"], "n_rejected": work["n_rejected"],
+                  "kernel": ", ".join(dict.fromkeys(work["kernels"]))}
+    if method in FIXED_STEP:
+        integrator["dt_min"] = work["dt_min"]
     if method in IMPLICIT:
         integrator["n_jacobians"] = work["n_jacobians"]
     if method == EVENTS:
@@ -151,7 +164,8 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
     """Integrate layer by layer, each piece with its own field, saving at `times`."""
     x = x0
     saved = [x0] if times[0] == 0 else []
-    work: dict[str, Any] = {**dict.fromkeys(COUNTS, 0), "events": []}
+    work: dict[str, Any] = {**dict.fromkeys(COUNTS, 0), "events": [], "kernels": [],
+                            "dt_min": None}
     for a, b, layer in pieces:
         inside = times[(times > a) & (times <= b)]
         stops = inside if inside.size and inside[-1] == b else np.append(inside, b)
@@ -162,6 +176,8 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
                                            DEFAULT_DT if dt is None else dt, report, manifold)
             sol.states = sol.states[1:]
             work["events"].extend([list(e) for e in events])
+            work["kernels"].append("hardmax (leader changes located)")
+            _note_step(work, sol)
             saved.extend(sol.states[: len(inside)])
             x = sol.states[-1]
             for key in COUNTS:
@@ -170,6 +186,7 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
         # One kernel for the whole piece (chosen for the batch, or for one run where the
         # implicit methods solve run by run).
         kernel = layer.kernel_for(x if method not in IMPLICIT else x[(0,) * (x.ndim - 2)])
+        work["kernels"].append(kernel_label(layer, kernel, x.shape[-1]))
         noise = None if sigma is None else Noise(sigma, path, level, round(a / dt))
         drift = Drift(partial(layer.tangent_field, kernel=kernel),
                       euler=partial(layer.drift, kernel=kernel),
@@ -180,9 +197,38 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
                         noise=noise, t0=a, grain=tile_runs(x.dtype, runs))
         saved.extend(sol.states[: len(inside)])
         x = sol.states[-1]
+        _note_step(work, sol)
         for key in COUNTS:
             work[key] += getattr(sol, key)
     return np.stack(saved), work
+
+
+def _note_step(work: dict[str, Any], sol: Any) -> None:
+    """Keep the smallest step a fixed-step solution took (`Solution.h_min`)."""
+    h = getattr(sol, "h_min", None)
+    if h is not None:
+        work["dt_min"] = h if work["dt_min"] is None else min(work["dt_min"], h)
+
+
+def kernel_label(layer: Block, kernel: Any, d: int) -> str:
+    """The kernel a layer's attention ran with, as the record names it: the backend's name
+    ("dense", "blocked", "fused", "torch"), "harmonic (tol T, order K)" with the order at the
+    layer's score scale beta |Q| |K| (auto's harmonic choice adds that calls whose queries or
+    keys have no common norm fall back to blocked), "hardmax" at beta = +-inf."""
+    name = kernel_name(kernel)
+    if not name.startswith("harmonic"):
+        return "hardmax" if layer.attention.is_hardmax and name == "dense" else name
+    tol = getattr(kernel, "tol", harmonic.DEFAULT_TOL)
+    orders = []
+    for Q, K, *_ in layer.heads:
+        scale = 1.0
+        for M in (Q, K):
+            scale *= 1.0 if M is None else float(np.linalg.norm(M, 2))
+        e = layer.attention.head_size(Q, K, d)
+        if e in (2, 3):
+            orders.append(harmonic.order(float(layer.beta) * scale, e, tol))
+    text = f"harmonic (tol {tol:g}" + (f", order {max(orders)})" if orders else ")")
+    return text + (", blocked where refused" if kernel is harmonic_or_blocked else "")
 
 
 def _check_hardmax(model: Model, method: str, noise: Any) -> None:

@@ -40,7 +40,9 @@ class Trajectory(ShortRepr):
         sphere for the post-LN and nGPT schemes, in R^d for pre- and peri-LN (see
         `directions`).
     model : the model that was integrated (an Attention layer or a Stack of layers).
-    integrator : method and settings (method, dt, rtol, atol, steps, rejected steps).
+    integrator : method and settings (method, dt, rtol, atol, steps, rejected steps; dt_min,
+        the smallest step taken by a fixed-step method; kernel, the attention kernel that
+        ran, e.g. "harmonic (tol 1e-12, order 66)"; None in older files, which lack it).
     seed : the seed of the initial tokens when they were drawn by attnflow, else None.
     n_evals : number of field evaluations (each over the whole batch).
     wall_time : seconds spent integrating.
@@ -65,7 +67,7 @@ class Trajectory(ShortRepr):
         return {"runs": int(np.prod(self.batch_shape)), "n": self.n, "d": self.d,
                 "times": Plain(f"{t.size} from {t[0]:g} to {t[-1]:g}" if t.size else "none"),
                 "model": self.model, "method": self.integrator.get("method"),
-                "n_evals": self.n_evals, "seed": self.seed}
+                "kernel": self.integrator.get("kernel"), "n_evals": self.n_evals, "seed": self.seed}
 
     @property
     def batch_shape(self) -> tuple[int, ...]:
