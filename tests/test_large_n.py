@@ -50,3 +50,48 @@ def test_given_times_shorten_the_steps_and_the_record_says_so():
     # [0, 0.1] in 2 steps of 0.05, [0.1, 0.23] in 3 of 0.13 / 3
     assert traj.integrator["n_steps"] == 5
     assert traj.integrator["dt_min"] == pytest.approx(0.13 / 3)
+
+
+class _Clock:
+    """A fake clock advanced by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_off_a_terminal_is_plain_lines_with_rate_and_time_left():
+    import io
+
+    from attnflow._progress import progress_bar
+
+    stream, clock = io.StringIO(), _Clock()
+    with progress_bar(True, 2.0, "simulating", "t = {task.completed:.4g} / 2",
+                      stream=stream, interval=10.0, clock=clock) as report:
+        for t in (0.1, 0.2):  # within the first 10 s: nothing yet
+            clock.now += 4.0
+            report(t)
+        assert stream.getvalue() == ""
+        clock.now += 2.0  # 10 s after the start, t = 0.5: 0.05 per s, 30 s left
+        report(0.5)
+        clock.now += 1.0
+        report(0.55)  # 1 s after the last line: none
+        clock.now += 29.0
+        report(2.0)
+    lines = stream.getvalue().splitlines()
+    assert lines == ["simulating: t = 0.5 / 2 (25%), 0.05 per s, about 30 s left",
+                     "simulating: t = 2 / 2 (100%), 0.05 per s, about 0 s left",
+                     "simulating: t = 2 / 2 (100%), done in 40 s"]
+
+
+def test_simulate_reports_progress_to_a_log(capsys, monkeypatch):
+    import attnflow._progress
+
+    monkeypatch.setattr(attnflow._progress, "INTERVAL", 0.0)  # a line at every step
+    af.simulate(af.Attention(beta=1.0), af.sphere.uniform(5, 2, seed=0), 0.2, progress=True)
+    lines = capsys.readouterr().err.splitlines()  # pytest's stderr is not a terminal
+    assert [line.split(" (")[0] for line in lines] == [
+        f"simulating: t = {t:.4g} / 0.2" for t in (0.05, 0.1, 0.15, 0.2, 0.2)]
+    assert lines[-1].endswith("(100%), done in 0 s") and "left" in lines[0]
