@@ -3,6 +3,8 @@ takes the steps it records, and the record names the kernel that ran."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -19,17 +21,25 @@ def counted(request):
     calls = []
     original = harmonic.attend
     mp = pytest.MonkeyPatch()
-    mp.setattr(harmonic, "attend", lambda *a, **k: calls.append(1) or original(*a, **k))
+    mp.setattr(harmonic, "attend",  # the run's calls (not the estimate's, on fewer tokens)
+               lambda *a, **k: calls.append(a[0].shape[-2] == N) or original(*a, **k))
+    x0 = af.sphere.uniform(N, 2, seed=0)
+    model = af.Attention(beta=64.0, mask="causal")
+    # A process's first run loads the integrator's compiled code (about 20 MB of Python
+    # objects, once, whatever n): not part of a run's memory, and loaded here first.
+    af.simulate(model, x0[:50], 0.05)
+    tracemalloc.start()
     try:
-        traj = af.simulate(af.Attention(beta=64.0, mask="causal"),
-                           af.sphere.uniform(N, 2, seed=0), t_end=0.2)
+        traj = af.simulate(model, x0, t_end=0.2)
+        peak = tracemalloc.get_traced_memory()[1]
     finally:
+        tracemalloc.stop()
         mp.undo()
-    return traj, len(calls)
+    return traj, sum(calls), peak
 
 
 def test_the_recorded_step_is_the_step_taken(counted):
-    traj, calls = counted
+    traj, calls, _ = counted
     steps = round(0.2 / traj.integrator["dt"])  # 4 steps of the default dt = 0.05
     assert traj.integrator["dt"] == 0.05 and calls == 4 * steps  # RK4: 4 evaluations a step
     assert traj.integrator["n_steps"] == steps and traj.n_evals == calls
@@ -38,10 +48,54 @@ def test_the_recorded_step_is_the_step_taken(counted):
 
 
 def test_the_record_names_the_kernel_that_ran(counted):
-    traj, _ = counted
+    traj, _, _ = counted
     K = harmonic.order(64.0, 2, harmonic.DEFAULT_TOL)
     assert traj.integrator["kernel"].startswith(f"harmonic (tol 1e-12, order {K})")
     assert f"order {K}" in repr(traj)
+
+
+def test_the_memory_estimate_is_within_20_percent_of_the_peak(counted):
+    # tracemalloc traces numpy's arrays; the estimate's probe resets its peak just before
+    # the run starts, so the peak is the run's.
+    traj, _, peak = counted
+    estimate = traj.integrator["estimate"]
+    assert abs(estimate["memory"] - peak) <= 0.2 * peak, (estimate, peak)
+    assert estimate["file"] == traj.states.nbytes  # the states, uncompressed
+
+
+def test_a_run_over_the_budget_is_refused_in_one_line_naming_the_cheaper_choices():
+    with pytest.raises(ValueError) as err:
+        af.simulate(af.Attention(beta=1.0), af.sphere.uniform(50, 2, seed=0), 1.0,
+                    memory_budget=10_000)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("memory_budget: expected a run within 10 kB")
+    assert "fewer save times" in text and "store='float32'" in text and "summaries" in text
+    with pytest.raises(ValueError, match="memory_budget: expected a number of bytes > 0"):
+        af.simulate(af.Attention(beta=1.0), af.sphere.uniform(5, 2, seed=0), 1.0,
+                    memory_budget=-1)
+
+
+def test_float32_and_summaries_keep_what_they_say(tmp_path):
+    model = af.Attention(beta=9.0, mask="full")
+    x0 = af.sphere.uniform((2, 40), 2, seed=1)
+    full = af.simulate(model, x0, 1.0)
+    small = af.simulate(model, x0, 1.0, store="float32")
+    assert small.states.dtype == np.float32 and small.integrator["store"] == "float32"
+    np.testing.assert_array_equal(small.states, full.states.astype(np.float32))
+    summ = af.simulate(model, x0, 1.0, store="summaries", cluster_tol=0.05)
+    np.testing.assert_array_equal(summ.times, [0.0, 1.0])
+    np.testing.assert_array_equal(summ.states, full.states[[0, -1]])
+    s = summ.summaries
+    np.testing.assert_array_equal(s["time"], full.times)
+    # independent truths: numpy's mean, the cluster count and energy of the kept states
+    np.testing.assert_allclose(s["mean"], full.states.mean(axis=-2), atol=1e-15)
+    np.testing.assert_array_equal(s["clusters"], af.cluster_count(full.states, 0.05))
+    np.testing.assert_allclose(s["log_energy"], af.log_energy(full.states, 9.0), rtol=1e-10)
+    assert summ.integrator["summaries"] == ["clusters", "log_energy", "mean"]
+    back = af.load(summ.save(tmp_path / "summaries.nc"))
+    for name, value in s.items():
+        np.testing.assert_array_equal(back.summaries[name], value)
+    assert summ.integrator["estimate"]["file"] < full.integrator["estimate"]["file"] / 5
 
 
 def test_given_times_shorten_the_steps_and_the_record_says_so():

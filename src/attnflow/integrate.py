@@ -284,16 +284,20 @@ def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, g
     if runs_independent and x0.ndim > 2:
         states = step_pieces(partial(step, field), x0, grid, progress, grain)
     else:
-        states = [x0]
+        states = None  # filled at each save time, not stacked at the end
         x = x0
-        for t0, h, m in grid:
+        for k, (t0, h, m) in enumerate(grid, 1):
             for i in range(m):
                 x = step(field, x, h)
                 _check_finite(x, t0 + (i + 1) * h)
                 if progress is not None:
                     progress(t0 + (i + 1) * h)
-            states.append(x)
-        states = np.stack(states)
+            if states is None:
+                states = np.empty((len(grid) + 1, *x0.shape), np.result_type(x0, x))
+                states[0] = x0
+            states[k] = x
+        if states is None:  # a single save time
+            states = x0[None].copy()
     h_min = min((h for _, h, m in grid if m), default=None)
     return Solution(np.asarray(times), states, n_steps * evals_per_step, n_steps, 0,
                     h_min=h_min)

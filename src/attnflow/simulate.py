@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -12,6 +13,7 @@ import numpy as np
 from attnflow._checks import describe, fail, number, positive
 from attnflow._progress import progress_bar
 from attnflow.brownian import BrownianPath
+from attnflow.budget import CHUNK_BYTES, Cost, check_budget, run_cost
 from attnflow.events import Switching, integrate_events
 from attnflow.family import Block, Model, Stack, segments
 from attnflow.implicit import IMPLICIT
@@ -31,9 +33,10 @@ from attnflow.kernels.fused import tile_runs
 from attnflow.manifolds import SPHERE
 from attnflow.savetimes import is_generated, on_step_grid
 from attnflow.sphere import inner
+from attnflow.store import Keep, check_store, summaries
 from attnflow.trajectory import Trajectory
 
-__all__ = ["check_seed", "simulate"]
+__all__ = ["check_seed", "estimate_run", "simulate"]
 
 
 def simulate(
@@ -50,6 +53,9 @@ def simulate(
     seed: int | None = None,
     noise: float | None = None,
     brownian_dt: float | None = None,
+    store: str = "states",
+    memory_budget: float | None = None,
+    cluster_tol: float | None = None,
 ) -> Trajectory:
     """Integrate the dynamics of `model` from tokens x0 up to time t_end.
 
@@ -83,7 +89,9 @@ def simulate(
         sublayers in turn: with dt = 1, the real network's layers).
     dt : step of the fixed-step methods (default 0.05); initial step for the others.
     rtol, atol : tolerances of the adaptive methods (defaults 1e-6 and 1e-9).
-    progress : True for a progress bar on stderr, or a callable receiving the current time.
+    progress : True for a progress report on stderr (a bar on a terminal, else a plain line
+        every 10 s with the time reached, the rate and the time left; `attnflow._progress`),
+        or a callable receiving the current time.
     normalize : project x0 onto the sphere first (for any scheme); otherwise x0 off the
         sphere by more than `attnflow.manifolds.sphere_tolerance` of its dtype is an error on
         the sphere schemes, and x0 is taken as given in R^d.
@@ -94,10 +102,103 @@ def simulate(
         exponential-map variant), in steps of exactly dt. None (default): deterministic.
     brownian_dt : the coarse step of the Brownian path (default dt); dt must be
         brownian_dt / 2^L, and runs with L = 0, 1, 2, ... then refine one path.
+    store : what is kept at each save time (`attnflow.store`): "states" (default), "float32"
+        (the states rounded to float32: half the memory and file of float64), or
+        "summaries" (the mean direction, cluster counts at `cluster_tol` and log E_beta per
+        save time, `Trajectory.summaries`; states at the first and last save times only).
+    memory_budget : bytes the run may take at its peak, estimated before it starts
+        (`attnflow.budget`: kept states plus a step's working memory, the field's measured on
+        a few tokens); over it the run is refused in one line naming the cheaper choices.
+        Default None: 80% of the memory available when the run starts. The estimate is in
+        `integrator["estimate"]` (use `estimate_run` to see it without running).
+    cluster_tol : geodesic tolerance of the summaries' cluster counts (default
+        `attnflow.default_cluster_tol` of the first layer's beta).
 
-    Returns a Trajectory with states of shape (len(save times), ..., n, d).
+    Returns a Trajectory with states of shape (len(save times), ..., n, d) (with
+    store="summaries", the first and last save times).
     Raises ValueError for bad input and `NonFiniteStateError` if a state becomes non-finite.
     """
+    plan = _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
+                 brownian_dt, store)
+    x0, times, dt, pieces = plan.x0, plan.times, plan.dt, plan.pieces
+    cost = run_cost(model, x0, times, method, plan.store, plan.kernel)
+    check_budget(cost, memory_budget, int(np.prod(x0.shape[:-2], dtype=int)), *x0.shape[-2:],
+                 x0.dtype)
+    keep = Keep(plan.store, len(times), x0, summarize=partial(
+        summaries, model, _cluster_tol(model, cluster_tol)))
+    with progress_bar(progress, plan.t_end, "simulating",
+                      "t = {task.completed:.4g}" + f" / {plan.t_end:g}") as report:
+        start = time.perf_counter()
+        work = _integrate_pieces(pieces, x0, times, method, dt, plan.rtol, plan.atol, report,
+                                 model.manifold, plan.sigma, plan.path, plan.level, keep)
+        wall = time.perf_counter() - start
+    integrator = {"method": method, "dt": dt, "rtol": plan.rtol, "atol": plan.atol,
+                  "n_steps": work["n_steps"], "n_rejected": work["n_rejected"],
+                  "kernel": ", ".join(dict.fromkeys(work["kernels"])), "store": plan.store,
+                  "estimate": {"memory": cost.memory, "file": cost.file}}
+    if method in FIXED_STEP:
+        integrator["dt_min"] = work["dt_min"]
+    if method in IMPLICIT:
+        integrator["n_jacobians"] = work["n_jacobians"]
+    if method == EVENTS:
+        integrator["events"] = work["events"]
+    if plan.sigma is not None:
+        integrator["noise"] = plan.sigma
+        integrator["brownian_dt"] = dt * 2**plan.level
+    kept = None
+    if plan.store == "summaries":
+        integrator["summaries"] = sorted(keep.summaries)
+        kept = {"time": times, **keep.summaries}
+    return Trajectory(times=keep.kept_times(times), states=keep.states, model=model,
+                      integrator=integrator, seed=plan.seed, n_evals=work["n_evals"],
+                      wall_time=wall, summaries=kept)
+
+
+def estimate_run(model: Model, x0: Any, t_end: float, save_at: Any = None,
+                 method: str = "rk4", dt: float | None = None, rtol: float | None = None,
+                 atol: float | None = None, normalize: bool = False, seed: int | None = None,
+                 noise: float | None = None, brownian_dt: float | None = None,
+                 store: str = "states") -> Cost:
+    """The estimated peak memory and file size of `simulate` with these arguments
+    (`attnflow.budget.Cost`, in bytes), without running it (one field evaluation on a few
+    tokens, measured)."""
+    plan = _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
+                 brownian_dt, store)
+    return run_cost(model, plan.x0, plan.times, method, plan.store, plan.kernel)
+
+
+@dataclass
+class _Plan:
+    """A checked run: what `simulate` integrates, and how."""
+
+    x0: np.ndarray
+    t_end: float
+    times: np.ndarray
+    dt: float | None
+    rtol: float | None
+    atol: float | None
+    seed: int | None
+    pieces: list
+    store: str
+    kernel: Any  # the first layer's kernel, for the estimate
+    sigma: float | None = None
+    path: BrownianPath | None = None
+    level: int | None = None
+
+
+def _cluster_tol(model: Model, cluster_tol: Any) -> float:
+    from attnflow.analysis import default_cluster_tol
+    from attnflow.analysis._input import radius
+
+    if cluster_tol is not None:
+        return radius("cluster_tol", cluster_tol)
+    beta = model.layers[0].beta
+    return default_cluster_tol(beta) if np.isfinite(beta) else 1e-2
+
+
+def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
+          brownian_dt, store) -> _Plan:
+    """Check simulate's arguments and work out its save times and step."""
     if not isinstance(model, (Block, Stack)):
         raise fail("model", "an attnflow.Attention, Block or Stack", type(model).__name__)
     seed = check_seed(seed)
@@ -134,36 +235,24 @@ def simulate(
         dt = DEFAULT_DT if dt is None else dt
         if save_at is None or (isinstance(save_at, str) and save_at == "default"):
             times = on_step_grid(times, dt)
-    with progress_bar(progress, t_end, "simulating",
-                      "t = {task.completed:.4g}" + f" / {t_end:g}") as report:
-        start = time.perf_counter()
-        states, work = _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report,
-                                         model.manifold, sigma, path, level)
-        wall = time.perf_counter() - start
-    integrator = {"method": method, "dt": dt, "rtol": rtol, "atol": atol,
-                  "n_steps": work["n_steps"], "n_rejected": work["n_rejected"],
-                  "kernel": ", ".join(dict.fromkeys(work["kernels"]))}
-    if method in FIXED_STEP:
-        integrator["dt_min"] = work["dt_min"]
-    if method in IMPLICIT:
-        integrator["n_jacobians"] = work["n_jacobians"]
-    if method == EVENTS:
-        integrator["events"] = work["events"]
-    if sigma is not None:
-        integrator["noise"] = sigma
-        integrator["brownian_dt"] = dt * 2**level
-    return Trajectory(times=times, states=states, model=model, integrator=integrator,
-                      seed=seed, n_evals=work["n_evals"], wall_time=wall)
+    layer = pieces[0][2] if pieces else model.layers[0]
+    kernel = layer.kernel_for(x0 if method not in IMPLICIT else x0[(0,) * (x0.ndim - 2)])
+    return _Plan(x0, t_end, times, dt, rtol, atol, seed, pieces, check_store(store), kernel,
+                 sigma, path, level)
 
 
 COUNTS = ("n_evals", "n_steps", "n_rejected", "n_jacobians")  # an integrator's work
 
 
 def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifold, sigma,
-                      path, level) -> tuple[np.ndarray, dict[str, int]]:
-    """Integrate layer by layer, each piece with its own field, saving at `times`."""
+                      path, level, keep: Keep) -> dict[str, Any]:
+    """Integrate layer by layer, each piece with its own field, handing the state at each
+    of `times` to `keep`. Fixed-step methods step through a few save times per call
+    (`chunk_times`; the same steps as in one call), so that no more than the kept states
+    and one chunk are ever held."""
     x = x0
-    saved = [x0] if times[0] == 0 else []
+    if times[0] == 0:
+        keep.add(x0)
     work: dict[str, Any] = {**dict.fromkeys(COUNTS, 0), "events": [], "kernels": [],
                             "dt_min": None}
     for a, b, layer in pieces:
@@ -174,33 +263,51 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
         if method == EVENTS:
             sol, events = integrate_events(_switching(layer), x, np.concatenate([[a], stops]),
                                            DEFAULT_DT if dt is None else dt, report, manifold)
-            sol.states = sol.states[1:]
             work["events"].extend([list(e) for e in events])
             work["kernels"].append("hardmax (leader changes located)")
-            _note_step(work, sol)
-            saved.extend(sol.states[: len(inside)])
+            _add_work(work, sol, keep, sol.states[1:], len(inside))
             x = sol.states[-1]
-            for key in COUNTS:
-                work[key] += getattr(sol, key)
             continue
         # One kernel for the whole piece (chosen for the batch, or for one run where the
         # implicit methods solve run by run).
         kernel = layer.kernel_for(x if method not in IMPLICIT else x[(0,) * (x.ndim - 2)])
         work["kernels"].append(kernel_label(layer, kernel, x.shape[-1]))
-        noise = None if sigma is None else Noise(sigma, path, level, round(a / dt))
         drift = Drift(partial(layer.tangent_field, kernel=kernel),
                       euler=partial(layer.drift, kernel=kernel),
                       jacobian=layer.jacobian if layer.has_exact_jacobian else None,
                       splitting=layer.splitting(kernel), runs_independent=True)
         runs = int(np.prod(x.shape[:-2], dtype=int))
-        sol = integrate(drift, x, stops, method, dt, rtol, atol, report, manifold=manifold,
-                        noise=noise, t0=a, grain=tile_runs(x.dtype, runs))
-        saved.extend(sol.states[: len(inside)])
-        x = sol.states[-1]
-        _note_step(work, sol)
-        for key in COUNTS:
-            work[key] += getattr(sol, key)
-    return np.stack(saved), work
+        solve = partial(integrate, drift, method=method, dt=dt, rtol=rtol, atol=atol,
+                        progress=report, manifold=manifold, grain=tile_runs(x.dtype, runs))
+        if method not in FIXED_STEP:
+            sol = solve(x, stops, t0=a)
+            _add_work(work, sol, keep, sol.states, len(inside))
+            x = sol.states[-1]
+            continue
+        start, chunk = a, chunk_times(x)
+        for i in range(0, len(stops), chunk):
+            noise = None if sigma is None else Noise(sigma, path, level, round(start / dt))
+            sol = solve(x, stops[i:i + chunk], t0=start, noise=noise)
+            x, start = sol.states[-1], stops[i:i + chunk][-1]
+            _add_work(work, sol, keep, sol.states, max(0, min(chunk, len(inside) - i)))
+    return work
+
+
+def chunk_times(x: np.ndarray) -> int:
+    """Save times a fixed-step method steps through per call: as many states as fit in
+    `budget.CHUNK_BYTES` (at least one). Fewer calls keep an ensemble's pieces stepping
+    without a barrier at every save time (`attnflow.ensembles`)."""
+    return max(1, CHUNK_BYTES // max(1, x.nbytes))
+
+
+def _add_work(work: dict[str, Any], sol: Any, keep: Keep, states: np.ndarray,
+              saved: int) -> None:
+    """Count a solution's work and keep its first `saved` states."""
+    for state in states[:saved]:
+        keep.add(state)
+    for key in COUNTS:
+        work[key] += getattr(sol, key)
+    _note_step(work, sol)
 
 
 def _note_step(work: dict[str, Any], sol: Any) -> None:
