@@ -149,3 +149,22 @@ def test_simulate_reports_progress_to_a_log(capsys, monkeypatch):
     assert [line.split(" (")[0] for line in lines] == [
         f"simulating: t = {t:.4g} / 0.2" for t in (0.05, 0.1, 0.15, 0.2, 0.2)]
     assert lines[-1].endswith("(100%), done in 0 s") and "left" in lines[0]
+
+
+def test_the_command_line_takes_backend_store_and_budget(tmp_path):
+    from typer.testing import CliRunner
+
+    from attnflow.cli import app
+
+    out = tmp_path / "run.nc"
+    args = ["simulate", "--n", "300", "--t-end", "0.5", "--out", str(out), "--no-progress"]
+    result = CliRunner().invoke(app, [*args, "--backend", "blocked", "--store", "float32"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("estimated         peak memory about")
+    traj = af.load(out)
+    assert traj.integrator["kernel"] == "blocked" and traj.states.dtype == np.float32
+    refused = CliRunner().invoke(app, [*args, "--memory-budget", "1e-5"])
+    assert refused.exit_code == 2 and "--memory-budget: expected a run within 10 kB" in \
+        refused.output
+    bad = CliRunner().invoke(app, [*args, "--backend", "fast"])
+    assert bad.exit_code == 2 and "--backend: expected one of" in bad.output
