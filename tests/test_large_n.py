@@ -168,3 +168,18 @@ def test_the_command_line_takes_backend_store_and_budget(tmp_path):
         refused.output
     bad = CliRunner().invoke(app, [*args, "--backend", "fast"])
     assert bad.exit_code == 2 and "--backend: expected one of" in bad.output
+
+
+def test_hardmax_with_q_equal_k_identity_warns_that_nothing_moves():
+    x0 = af.sphere.uniform(6, 2, seed=0)
+    with pytest.warns(UserWarning, match="left every token still up to t = 1 \\(each token "
+                                         "is its own leader"):
+        traj = af.simulate(af.Attention(beta=np.inf), x0, 1.0, method="events")
+    np.testing.assert_allclose(traj.final, x0, rtol=0, atol=1e-15)  # the warning is true
+    Q = np.array([[0.0, -1.0], [1.0, 0.0]])  # a rotation: the leaders are others
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        moved = af.simulate(af.Attention(Q=Q, beta=np.inf), x0, 1.0, method="events")
+    assert not np.array_equal(moved.final, x0)

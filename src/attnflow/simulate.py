@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -81,7 +82,8 @@ def simulate(
     method : "rk4" (default), "euler", "geodesic", "dopri5", or the implicit "bdf", "radau",
         "lsoda" for long horizons (see `attnflow.integrate`; these solve run by run with
         the model's exact Jacobian where it has one, finite differences otherwise), or
-        "events" for hardmax models (beta = +-inf, one head): RK4 steps of dt with every
+        "events" for hardmax models (beta = +-inf, one head; with Q = K = I every token is
+        its own leader and stays still, which is warned of): RK4 steps of dt with every
         leader change located and recorded (`attnflow.events`; the events are in
         `Trajectory.integrator["events"]` as [t, run, token, old leaders, new leaders]).
         "euler" steps x <- normalize(x + dt attn(x)): with dt = 1, one post-LN layer; blocks
@@ -132,6 +134,7 @@ def simulate(
         work = _integrate_pieces(pieces, x0, times, method, dt, plan.rtol, plan.atol, report,
                                  model.manifold, plan.sigma, plan.path, plan.level, keep)
         wall = time.perf_counter() - start
+    _warn_if_still(model, x0, work["final"], plan.t_end)
     integrator = {"method": method, "dt": dt, "rtol": plan.rtol, "atol": plan.atol,
                   "n_steps": work["n_steps"], "n_rejected": work["n_rejected"],
                   "kernel": ", ".join(dict.fromkeys(work["kernels"])), "store": plan.store,
@@ -290,6 +293,7 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
             sol = solve(x, stops[i:i + chunk], t0=start, noise=noise)
             x, start = sol.states[-1], stops[i:i + chunk][-1]
             _add_work(work, sol, keep, sol.states, max(0, min(chunk, len(inside) - i)))
+    work["final"] = x
     return work
 
 
@@ -361,6 +365,35 @@ def _check_hardmax(model: Model, method: str, noise: Any) -> None:
     if noise is not None:
         raise fail("noise", "None with method 'events' (leader changes of a deterministic "
                    "flow)", repr(noise))
+
+
+def _warn_if_still(model: Model, x0: np.ndarray, final: np.ndarray, t_end: float) -> None:
+    """A one-line warning when hardmax attention left every token exactly where it was, with
+    the reason when Q^T K is a positive multiple of the identity for every head (Q = K = I
+    among them): then each token is its own leader, since <x_i, x_i> = |x_i|^2 >= <x_i, x_j>
+    for tokens of one norm (Cauchy-Schwarz), so the attention output is V x_i itself and the
+    field (its tangent part, for V = I) vanishes."""
+    if t_end <= 0 or not any(layer.attention.is_hardmax for layer in model.layers):
+        return
+    eps = np.finfo(np.result_type(final.dtype, np.float32)).eps
+    if np.max(np.abs(final - x0), initial=0.0) > 1e3 * eps:  # it moved (beyond round-off)
+        return
+    own = all(Q is not None and K is not None and _positive_identity(Q.T @ K)
+              or Q is None and K is None
+              for layer in model.layers if layer.attention.is_hardmax
+              for Q, K, *_ in layer.heads)
+    reason = (" (each token is its own leader: with Q^T K a positive multiple of the "
+              "identity, <x_i, x_i> >= <x_i, x_j> on the sphere, so hardmax attention returns "
+              "each token's own value; take Q != K or a finite beta)") if own else ""
+    warnings.warn(f"hardmax attention left every token still up to t = {t_end:g}{reason}",
+                  stacklevel=3)
+
+
+def _positive_identity(M: np.ndarray) -> bool:
+    """Whether M is c I with c > 0 (to round-off)."""
+    c = float(np.trace(M)) / M.shape[0]
+    return M.shape[0] == M.shape[1] and c > 0 and np.allclose(M, c * np.eye(M.shape[0]),
+                                                               atol=1e-12 * c)
 
 
 def _switching(layer: Block) -> Switching:
