@@ -291,3 +291,19 @@ def test_auto_reads_directions_under_rk4():
     u = model.attention_inputs(x, kernel)
     np.testing.assert_allclose(np.linalg.norm(u, axis=-1), 1.0, atol=1e-15)
     np.testing.assert_array_equal(model.attention_inputs(x, dense.attend), x)
+
+
+def test_the_parallel_prefix_scan_equals_one_thread_and_dense(monkeypatch):
+    """The causal scan on 2 threads (blocks of 512 rows: each block from zero moments, then
+    the earlier blocks' moments added) is bit for bit the 1-thread result, and dense's to
+    within the tolerance."""
+    x = uniform(5000, 2, seed=3)
+    v = np.random.default_rng(3).normal(size=(5000, 2))
+    monkeypatch.setattr(harmonic, "BLOCK", 512)
+    got = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("ATTNFLOW_THREADS", threads)
+        got[threads] = harmonic.attend(x, x, v, 64.0, "causal")
+    np.testing.assert_array_equal(got["1"], got["2"])
+    ref = dense.attend(x, x, v, 64.0, "causal")
+    assert np.abs(got["2"] - ref).max() <= 2 * harmonic.DEFAULT_TOL * np.abs(v).max() + 1e-13

@@ -44,7 +44,7 @@ from attnflow.kernels import _harmonic
 from attnflow.kernels.masks import MaskSpec, check_mask
 from attnflow.kernels.options import LinearBias, check_normalization
 from attnflow.kernels.types import Memory, Normalization
-from attnflow.parallel import n_threads, parallel_ranges
+from attnflow.parallel import parallel_ranges
 
 __all__ = ["DEFAULT_TOL", "ETA", "MIN_TOL", "SUPPORTS", "Harmonic", "attend", "check",
            "coefficients", "features", "log_energy", "order", "sums", "tail"]
@@ -345,11 +345,11 @@ def _causal_scan(u: np.ndarray, w: np.ndarray, vv: np.ndarray, lam: np.ndarray, 
     each block's rows from moments that start at zero (its keys only), in parallel, keeping
     each block's total; an exclusive scan of the totals over the blocks; then each later
     block's rows add the moments of the blocks before it (`_harmonic.apply_total`: the
-    queries' features, no key is summed again). On one thread, each run in one piece."""
+    queries' features, no key is summed again). The blocks are the same on any number of
+    threads: so are the results, bit for bit."""
     R, n, F = vv.shape
     H = lam.size
-    size = n if n_threads() == 1 else BLOCK
-    bounds = [(lo, min(n, lo + size)) for lo in range(0, n, size)]
+    bounds = [(lo, min(n, lo + BLOCK)) for lo in range(0, n, BLOCK)]
     units = [(r, j, lo, hi) for r in range(R) for j, (lo, hi) in enumerate(bounds)]
     ends = np.zeros((R, len(bounds), F, H))
     zero = np.zeros((F, H))
