@@ -160,7 +160,7 @@ def test_the_command_line_takes_backend_store_and_budget(tmp_path):
     args = ["simulate", "--n", "300", "--t-end", "0.5", "--out", str(out), "--no-progress"]
     result = CliRunner().invoke(app, [*args, "--backend", "blocked", "--store", "float32"])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("estimated         peak memory about")
+    assert result.stdout.startswith("estimated         peak memory about")
     traj = af.load(out)
     assert traj.integrator["kernel"] == "blocked" and traj.states.dtype == np.float32
     refused = CliRunner().invoke(app, [*args, "--memory-budget", "1e-5"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -288,7 +289,8 @@ def _run(setup: Setup, progress: bool) -> None:
                             method=setup.method, dt=setup.dt, rtol=setup.rtol,
                             atol=setup.atol, seed=setup.seed, noise=setup.noise,
                             store=setup.store)
-    print(f"estimated         {cost.describe()}", flush=True)
+    if progress:  # before the run, with the progress report (stderr: stdout is the summary)
+        print(f"estimated {cost.describe()}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
         # A blow-up ends in NonFiniteStateError (with its time); numpy's overflow warnings
@@ -310,6 +312,7 @@ def _run(setup: Setup, progress: bool) -> None:
     final = traj.directions[-1]  # pre- and peri-LN: the clusters are of the directions
     counts = np.atleast_1d(cluster_count(final, setup.cluster_tol))
     drift = geodesic_distance(final, setup.x0[..., :1, :]).max()
+    print(f"estimated         {cost.describe()}")
     print(f"final time        {traj.times[-1]:g}")
     print(f"clusters          {_spread(counts)}  (single linkage, tol {setup.cluster_tol:.3g} "
           "rad)")
