@@ -8,9 +8,9 @@ Rows (each a ratio measured in this process; absolute seconds drift on a shared 
 * H4: RK4, dt = 0.05, to t = 10 at n = 1e6 on the circle (beta = 64, causal, backend
   "harmonic"): target within 15 minutes, with the peak memory (RSS) of the process.
 * H5: one causal evaluation on the circle at n = 1e6, beta = 64, on 1 thread and on 2
-  (ATTNFLOW_THREADS), with the time of its parts on 1 thread: the rows (each block from zero
-  moments), the earlier blocks' moments added to each block's rows, and the rest (numpy,
-  serial):
+  (ATTNFLOW_THREADS), with the time of its parts on 1 thread: the block totals (the first
+  pass of the blocked prefix scan), the rows from the blocks' starting moments (the second),
+  and the rest (numpy, serial):
   targets >= 1.7x on 2 threads and <= 0.1 s per evaluation on 2 cores (issue 42).
 Every harmonic row states its order K and its agreement with the baseline (or, without one,
 with direct long-double sums over sampled rows). `--quick` runs small sizes in seconds.
@@ -112,15 +112,15 @@ def threads(n: int, repeats: int, rows: list) -> None:
             os.environ["ATTNFLOW_THREADS"] = before
     stats = pstats.Stats(profile).stats
     part = {name: sum(v[2] for key, v in stats.items() if key[2] == name)
-            for name in ("forward", "apply_total", "block_totals")}
+            for name in ("forward", "block_totals")}
     total = sum(v[2] for v in stats.values())
     one, two = min(times[1]), min(times[2])
     rows.append(("H5", "causal, d=2, beta=64, one evaluation, 1 vs 2 threads", f"n={n}",
                  f"{one:.3f} s / {two:.3f} s", f"{one / two:.2f}x (target >= 1.7x; "
                  f"<= 0.1 s on 2 cores)",
-                 f"1 thread, profiled: rows {part['forward']:.2f} s, earlier blocks' moments "
-                 f"{part['apply_total']:.2f} s, block totals {part['block_totals']:.2f} s, "
-                 f"rest (numpy, serial) {total - sum(part.values()):.2f} s of {total:.2f} s"))
+                 f"1 thread, profiled: block totals {part['block_totals']:.2f} s, rows "
+                 f"{part['forward']:.2f} s, rest (numpy, serial) "
+                 f"{total - sum(part.values()):.2f} s of {total:.2f} s"))
 
 
 def rk4(n: int, t_end: float, rows: list) -> None:

@@ -294,9 +294,8 @@ def test_auto_reads_directions_under_rk4():
 
 
 def test_the_parallel_prefix_scan_equals_one_thread_and_dense(monkeypatch):
-    """The causal scan on 2 threads (blocks of 512 rows: each block from zero moments, then
-    the earlier blocks' moments added) is bit for bit the 1-thread result, and dense's to
-    within the tolerance."""
+    """The causal scan on 2 threads (blocks of 512 rows: block totals, their scan, then each
+    block's rows) is bit for bit the 1-thread result, and dense's to within the tolerance."""
     x = uniform(5000, 2, seed=3)
     v = np.random.default_rng(3).normal(size=(5000, 2))
     monkeypatch.setattr(harmonic, "BLOCK", 512)

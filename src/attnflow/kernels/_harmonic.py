@@ -175,13 +175,11 @@ def block_totals(k: np.ndarray, vv: np.ndarray, K: int, rec: np.ndarray, lo: int
 @njit(**_JIT)
 def forward(q: np.ndarray, k: np.ndarray, vv: np.ndarray, lam: np.ndarray, K: int,
             rec: np.ndarray, same: bool,
-            lo: int, hi: int, gamma: float, w: int, S0: np.ndarray, out: np.ndarray,
-            S_end: np.ndarray) -> None:
+            lo: int, hi: int, gamma: float, w: int, S0: np.ndarray, out: np.ndarray) -> None:
     """Rows lo..hi-1 of a causal (w = 0) or windowed (w >= 1) mask with decay gamma:
     out[i] += sum_h lam_h phi_h(q_i) S_h(i), S(i) = sum_{j <= i, i - j < w} gamma^(i - j)
     phi(k_j) vv_j^T. S0: S(lo - 1) (causal only; windows rebuild S every w rows from their
-    keys, which bounds the round-off by w terms instead of i). S_end (F, H) receives
-    S(hi - 1)."""
+    keys, which bounds the round-off by w terms instead of i)."""
     F, H = S0.shape
     S = S0.copy()
     C = np.zeros_like(S)
@@ -211,7 +209,6 @@ def forward(q: np.ndarray, k: np.ndarray, vv: np.ndarray, lam: np.ndarray, K: in
         else:
             _query(q[i], lam, K, rec, fq, g)
         _read(S, g, out[i])
-    S_end[:, :] = S
 
 
 @njit(**_JIT)

@@ -298,13 +298,10 @@ def _scan(u: np.ndarray, w: np.ndarray, vv: np.ndarray, lam: np.ndarray, K: int,
     R, n, F = vv.shape
     H = lam.size
     rec = _harmonic.recurrence(u.shape[-1], K)
-    cost = float(R) * n * H * F * 8
-    if mask == "causal" and gamma == 1.0:
-        _causal_scan(u, w, vv, lam, K, rec, same, acc, cost)
-        return
     blocks = -(-n // BLOCK)
     bounds = [(i * BLOCK, min(n, (i + 1) * BLOCK)) for i in range(blocks)]
     units = [(r, lo, hi) for r in range(R) for lo, hi in bounds]
+    cost = float(R) * n * H * F * 8
     window = mask[1] if isinstance(mask, tuple) else 0
     decayed = [gamma ** (hi - lo) for lo, hi in bounds]
     starts = ends = None  # (R, blocks, F, H): moments before each block / after it
@@ -331,47 +328,12 @@ def _scan(u: np.ndarray, w: np.ndarray, vv: np.ndarray, lam: np.ndarray, K: int,
                 continue
             S0 = starts[r, j] if starts is not None else np.zeros((F, H))
             _harmonic.forward(u[r], w[r], vv[r], lam, K, rec, same, lo, hi, gamma, window, S0,
-                              acc[r], np.empty((F, H)))
+                              acc[r])
             if mask == "full":  # gamma < 1: the later keys, decayed the other way
                 B0 = ends[r, j] * gamma if ends is not None else np.zeros((F, H))
                 _harmonic.backward(u[r], w[r], vv[r], lam, K, rec, lo, hi, gamma, B0, acc[r])
 
     parallel_ranges(run, len(units), cost)
-
-
-def _causal_scan(u: np.ndarray, w: np.ndarray, vv: np.ndarray, lam: np.ndarray, K: int,
-                 rec: np.ndarray, same: bool, acc: np.ndarray, cost: float) -> None:
-    """The causal mask without decay as a blocked prefix scan that reads every key once:
-    each block's rows from moments that start at zero (its keys only), in parallel, keeping
-    each block's total; an exclusive scan of the totals over the blocks; then each later
-    block's rows add the moments of the blocks before it (`_harmonic.apply_total`: the
-    queries' features, no key is summed again). The blocks are the same on any number of
-    threads: so are the results, bit for bit."""
-    R, n, F = vv.shape
-    H = lam.size
-    bounds = [(lo, min(n, lo + BLOCK)) for lo in range(0, n, BLOCK)]
-    units = [(r, j, lo, hi) for r in range(R) for j, (lo, hi) in enumerate(bounds)]
-    ends = np.zeros((R, len(bounds), F, H))
-    zero = np.zeros((F, H))
-
-    def rows(start: int, stop: int) -> None:
-        for r, j, lo, hi in units[start:stop]:
-            _harmonic.forward(u[r], w[r], vv[r], lam, K, rec, same, lo, hi, 1.0, 0, zero,
-                              acc[r], ends[r, j])
-
-    parallel_ranges(rows, len(units), cost)
-    if len(bounds) == 1:
-        return
-    before = np.zeros_like(ends)  # the moments of the blocks before each block (exclusive:
-    for j in range(1, len(bounds)):  # a block's own keys never enter, bit for bit)
-        before[:, j] = before[:, j - 1] + ends[:, j - 1]
-    later = [unit for unit in units if unit[1] > 0]
-
-    def earlier(start: int, stop: int) -> None:
-        for r, j, lo, hi in later[start:stop]:
-            _harmonic.apply_total(u[r], lam, K, rec, lo, hi, before[r, j], acc[r])
-
-    parallel_ranges(earlier, len(later), cost / 2)
 
 
 def _totals(w: np.ndarray, vv: np.ndarray, K: int, rec: np.ndarray, units: list,
