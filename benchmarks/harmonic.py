@@ -7,6 +7,11 @@ Rows (each a ratio measured in this process; absolute seconds drift on a shared 
 * H3: one causal evaluation on S^2, n = 1e5, beta = 9: harmonic against blocked; target >= 5x.
 * H4: RK4, dt = 0.05, to t = 10 at n = 1e6 on the circle (beta = 64, causal, backend
   "harmonic"): target within 15 minutes, with the peak memory (RSS) of the process.
+* H5: one causal evaluation on the circle at n = 1e6, beta = 64, on 1 thread and on 2
+  (ATTNFLOW_THREADS), with the time of its parts on 1 thread: the block totals (the first
+  pass of the blocked prefix scan), the rows from the blocks' starting moments (the second),
+  and the rest (numpy, serial):
+  targets >= 1.7x on 2 threads and <= 0.1 s per evaluation on 2 cores (issue 42).
 Every harmonic row states its order K and its agreement with the baseline (or, without one,
 with direct long-double sums over sampled rows). `--quick` runs small sizes in seconds.
 
@@ -34,7 +39,7 @@ import attnflow as af  # noqa: E402
 from attnflow.kernels import blocked, harmonic  # noqa: E402
 from attnflow.parallel import n_threads  # noqa: E402
 
-WORKLOADS = ("H1", "H2", "H3", "H4")
+WORKLOADS = ("H1", "H2", "H3", "H4", "H5")
 
 
 def best_of(fn, repeats: int) -> float:
@@ -80,6 +85,42 @@ def million(n: int, repeats: int, rows: list) -> None:
     err = np.abs(got[sample] - exact_rows(x, 64.0, sample)).max()
     rows.append(("H2", "causal, d=2, beta=64, one evaluation", f"n={n}", f"{t:.3f} s",
                  "target < 1 s", f"max error of 3 rows against long-double sums {err:.1e}"))
+
+
+def threads(n: int, repeats: int, rows: list) -> None:
+    """H5: the kernel on 1 thread against 2 threads, one process, alternating."""
+    import cProfile
+    import os
+    import pstats
+
+    x = af.sphere.uniform(n, 2, seed=0)
+    harmonic.attend(x[:9000], x[:9000], x[:9000], 64.0, "causal")  # compiled, cached
+    before = os.environ.get("ATTNFLOW_THREADS")
+    times: dict[int, list[float]] = {1: [], 2: []}
+    try:
+        for _ in range(repeats):
+            for k in (1, 2):
+                os.environ["ATTNFLOW_THREADS"] = str(k)
+                times[k].append(best_of(lambda: harmonic.attend(x, x, x, 64.0, "causal"), 1))
+        os.environ["ATTNFLOW_THREADS"] = "1"
+        profile = cProfile.Profile()
+        profile.runcall(harmonic.attend, x, x, x, 64.0, "causal")
+    finally:
+        if before is None:
+            os.environ.pop("ATTNFLOW_THREADS", None)
+        else:
+            os.environ["ATTNFLOW_THREADS"] = before
+    stats = pstats.Stats(profile).stats
+    part = {name: sum(v[2] for key, v in stats.items() if key[2] == name)
+            for name in ("forward", "block_totals")}
+    total = sum(v[2] for v in stats.values())
+    one, two = min(times[1]), min(times[2])
+    rows.append(("H5", "causal, d=2, beta=64, one evaluation, 1 vs 2 threads", f"n={n}",
+                 f"{one:.3f} s / {two:.3f} s", f"{one / two:.2f}x (target >= 1.7x; "
+                 f"<= 0.1 s on 2 cores)",
+                 f"1 thread, profiled: block totals {part['block_totals']:.2f} s, rows "
+                 f"{part['forward']:.2f} s, rest (numpy, serial) "
+                 f"{total - sum(part.values()):.2f} s of {total:.2f} s"))
 
 
 def rk4(n: int, t_end: float, rows: list) -> None:
@@ -132,6 +173,8 @@ def main(argv: list[str] | None = None) -> str:
         versus_blocked("H3", 4000 if quick else 100_000, 3, 9.0, 1 if quick else 3, rows)
     if "H4" in only:
         rk4(2000 if quick else 1_000_000, 0.2 if quick else 10.0, rows)
+    if "H5" in only:
+        threads(20_000 if quick else 1_000_000, 1 if quick else 3, rows)
     command = "python benchmarks/harmonic.py" + (" " + " ".join(argv or sys.argv[1:])
                                                  if (argv or sys.argv[1:]) else "")
     text = markdown(rows, command.strip(), time.perf_counter() - start)

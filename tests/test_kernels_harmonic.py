@@ -310,3 +310,17 @@ def test_a_score_scale_beyond_max_b_is_refused_with_its_reason_and_auto_leaves_i
         harmonic.check(q, x, "causal", None, "softmax", 1e5)
     np.testing.assert_allclose(auto.harmonic_or_blocked(q, x, x, 1e5, "causal"),
                                dense.attend(q, x, x, 1e5, "causal"), atol=1e-12)
+
+def test_the_parallel_prefix_scan_equals_one_thread_and_dense(monkeypatch):
+    """The causal scan on 2 threads (blocks of 512 rows: block totals, their scan, then each
+    block's rows) is bit for bit the 1-thread result, and dense's to within the tolerance."""
+    x = uniform(5000, 2, seed=3)
+    v = np.random.default_rng(3).normal(size=(5000, 2))
+    monkeypatch.setattr(harmonic, "BLOCK", 512)
+    got = {}
+    for threads in ("1", "2"):
+        monkeypatch.setenv("ATTNFLOW_THREADS", threads)
+        got[threads] = harmonic.attend(x, x, v, 64.0, "causal")
+    np.testing.assert_array_equal(got["1"], got["2"])
+    ref = dense.attend(x, x, v, 64.0, "causal")
+    assert np.abs(got["2"] - ref).max() <= 2 * harmonic.DEFAULT_TOL * np.abs(v).max() + 1e-13

@@ -45,8 +45,8 @@ def test_results_have_short_reprs(traj, name):
 
 def test_a_trajectory_says_its_sizes_and_times(traj):
     text = repr(traj)
-    assert f"n={N}, d=2" in text and "times=101 from 0 to 0.2" in text and "method='rk4'" in text
-    assert "Attention(" in text
+    assert f"n={N}, d=2" in text and "times=3 from 0 to 0.2" in text and "method='rk4'" in text
+    assert "Attention(" in text and "kernel='harmonic (tol 1e-12, order " in text  # what ran
 
 
 def test_arrays_are_shapes_unless_small():

@@ -30,8 +30,13 @@ def test_long_runs_resolve_their_first_interval(t_end):
 
 
 def test_simulate_defaults_and_log_times():
+    # A fixed-step method saves the default times moved to its step grid (never a shorter
+    # step); an adaptive one saves them as they are.
     traj = af.simulate(af.Attention(beta=4.0), X, 20.0, dt=0.1)
-    np.testing.assert_array_equal(traj.times, default_times(20.0))
+    np.testing.assert_allclose(traj.times, np.unique(np.round(default_times(20.0) / 0.1)) * 0.1)
+    assert traj.integrator["n_steps"] == 200 and traj.integrator["dt_min"] == pytest.approx(0.1)
+    adaptive = af.simulate(af.Attention(beta=4.0), X, 20.0, method="dopri5")
+    np.testing.assert_array_equal(adaptive.times, default_times(20.0))
     log = af.simulate(af.Attention(beta=4.0), X, 20.0, dt=0.1, save_at="log:11")
     np.testing.assert_allclose(log.times, af.log_times(20.0, 11))
     np.testing.assert_allclose(af.log_times(20.0, 11)[1:], np.geomspace(0.01, 20.0, 10))

@@ -192,6 +192,37 @@ def test_trace_of_a_decoder_against_the_reference_forward(tmp_path):
     assert bad.exit_code == 2 and "model: expected an existing .gguf file" in bad.output
 
 
+def test_the_ablation_drops_every_mlp(tmp_path):
+    """trace(mlp=False) and --no-mlp: the same decoder with every MLP sublayer dropped is the
+    decoder whose MLPs output zero (their down projections zeroed), traced in full."""
+    pytest.importorskip("gguf")
+    from test_gguf import hf_weights, write_tiny
+    from typer.testing import CliRunner
+
+    from attnflow.cli import app
+    from attnflow.pretrained.trace import load_trace, stacked, trace
+
+    weights = hf_weights()
+    write_tiny(tmp_path / "tiny.gguf", weights)
+    write_tiny(tmp_path / "zero.gguf", {k: (0 * w if k.endswith(".down") else w)
+                                        for k, w in weights.items()})
+    ids = [3, 5, 70, 200, 9]
+    ablated = trace(tmp_path / "tiny.gguf", token_ids=ids, mlp=False)
+    zeroed = trace(tmp_path / "zero.gguf", token_ids=ids)
+    np.testing.assert_allclose(stacked(ablated, "hook_resid_post"),
+                               stacked(zeroed, "hook_resid_post"), rtol=1e-12, atol=1e-12)
+    assert "blocks.0.hook_resid_mid" not in ablated  # it would equal hook_resid_post
+    full = trace(tmp_path / "tiny.gguf", token_ids=ids)
+    assert not np.allclose(stacked(full, "hook_resid_post"), stacked(ablated, "hook_resid_post"))
+    out = tmp_path / "cli.zarr"
+    run = CliRunner().invoke(app, ["trace", str(tmp_path / "tiny.gguf"), "--token-ids",
+                                   ",".join(map(str, ids)), "--no-mlp", "--out", str(out)])
+    assert run.exit_code == 0 and "(MLPs dropped)" in run.output, run.output
+    assert load_trace(out).identical(ablated)
+    with pytest.raises(ValueError, match="mlp: expected True or False"):
+        trace(tmp_path / "tiny.gguf", token_ids=ids, mlp="no")
+
+
 def test_a_layer_axis_in_one_call(tmp_path):
     pre, mid, post, pattern = arrays()
     ds = trace_dataset(pre, post, np.arange(N), resid_mid=mid, pattern=pattern)

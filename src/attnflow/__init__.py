@@ -70,12 +70,13 @@ from attnflow.family import (  # noqa: E402
 )
 from attnflow.integrate import NonFiniteStateError  # noqa: E402
 from attnflow.savetimes import log_times  # noqa: E402
-from attnflow.simulate import simulate  # noqa: E402
+from attnflow.simulate import estimate_run, simulate  # noqa: E402
 from attnflow.trajectory import Trajectory, load  # noqa: E402
 
 __all__ = ["__version__", "MLP", "ALiBi", "Attention", "Block", "BrownianPath", "LayerNorm",
            "NonFiniteStateError", "ProjectionBias", "QKNorm", "RMSNorm", "RoPE", "Stack",
-           "Trajectory", "load", "log_times", "simulate", *sorted(_EXPORTS), *_SUBMODULES]
+           "Trajectory", "estimate_run", "load", "log_times", "simulate", *sorted(_EXPORTS),
+           *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:

@@ -133,6 +133,7 @@ class Solution:
     n_steps: int
     n_rejected: int
     n_jacobians: int = 0
+    h_min: float | None = None  # the smallest step taken (fixed-step methods)
 
 
 # ---------------------------------------------------------------------------- fixed steps
@@ -287,17 +288,23 @@ def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, g
     if runs_independent and x0.ndim > 2:
         states = step_pieces(partial(step, field), x0, grid, progress, grain)
     else:
-        states = [x0]
+        states = None  # filled at each save time, not stacked at the end
         x = x0
-        for t0, h, m in grid:
+        for k, (t0, h, m) in enumerate(grid, 1):
             for i in range(m):
                 x = step(field, x, h)
                 _check_finite(x, t0 + (i + 1) * h)
                 if progress is not None:
                     progress(t0 + (i + 1) * h)
-            states.append(x)
-        states = np.stack(states)
-    return Solution(np.asarray(times), states, n_steps * evals_per_step, n_steps, 0)
+            if states is None:
+                states = np.empty((len(grid) + 1, *x0.shape), np.result_type(x0, x))
+                states[0] = x0
+            states[k] = x
+        if states is None:  # a single save time
+            states = x0[None].copy()
+    h_min = min((h for _, h, m in grid if m), default=None)
+    return Solution(np.asarray(times), states, n_steps * evals_per_step, n_steps, 0,
+                    h_min=h_min)
 
 
 def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
@@ -335,7 +342,8 @@ def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
             if progress is not None:
                 progress(t0 + (i + 1) * dt)
         states.append(x)
-    return Solution(np.asarray(times), np.stack(states), n_steps, n_steps, 0)
+    return Solution(np.asarray(times), np.stack(states), n_steps, n_steps, 0,
+                    h_min=dt if n_steps else None)
 
 
 def _noisy_step(drift: Field, field: Field, x: np.ndarray, h: float, dW: np.ndarray,

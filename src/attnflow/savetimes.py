@@ -24,7 +24,7 @@ import numpy as np
 from attnflow._checks import fail, number
 
 __all__ = ["EARLY", "TEXT_HELP", "as_times", "default_times", "is_generated", "log_times",
-           "times_from_text"]
+           "on_step_grid", "times_from_text"]
 
 EARLY = 0.1  # an evenly spaced first interval longer than this is resolved on a log scale
 _PER_DECADE = 10
@@ -64,6 +64,17 @@ def default_times(t_end: float) -> np.ndarray:
     count = int(np.ceil(_PER_DECADE * np.log10(even[1] / lo)))
     early = lo * 10.0 ** (np.arange(count) / _PER_DECADE)
     return np.concatenate([[0.0], early[early < even[1]], even[1:]])
+
+
+def on_step_grid(times: np.ndarray, dt: float) -> np.ndarray:
+    """Save times (T,) moved to the nearest times k dt of a fixed-step method's grid (repeats
+    dropped), the last one (t_end) kept as it is: so that saving never shortens a step but
+    the last one, where t_end is not a multiple of dt. A time within 1e-9 steps of t_end is
+    t_end."""
+    t_end = float(times[-1])
+    grid = np.unique(np.round(times[:-1] / dt)) * dt
+    grid = grid[grid < t_end - 1e-9 * dt]
+    return np.append(grid, t_end)
 
 
 def times_from_text(text: str, t_end: float, name: str = "save_at") -> np.ndarray:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -12,26 +14,30 @@ import numpy as np
 from attnflow._checks import describe, fail, number, positive
 from attnflow._progress import progress_bar
 from attnflow.brownian import BrownianPath
+from attnflow.budget import CHUNK_BYTES, Cost, check_budget, run_cost
 from attnflow.events import Switching, integrate_events
 from attnflow.family import Block, Model, Stack, segments
 from attnflow.implicit import IMPLICIT
 from attnflow.integrate import (
     DEFAULT_DT,
     EVENTS,
+    FIXED_STEP,
     NOISY,
     Drift,
     Noise,
     check_solver_args,
     integrate,
 )
-from attnflow.kernels import hardmax
+from attnflow.kernels import hardmax, harmonic, kernel_name
+from attnflow.kernels.auto import harmonic_or_blocked
 from attnflow.kernels.fused import tile_runs
 from attnflow.manifolds import SPHERE
-from attnflow.savetimes import is_generated
+from attnflow.savetimes import is_generated, on_step_grid
 from attnflow.sphere import inner
+from attnflow.store import Keep, check_store, summaries
 from attnflow.trajectory import Trajectory
 
-__all__ = ["check_seed", "simulate"]
+__all__ = ["check_seed", "estimate_run", "simulate"]
 
 
 def simulate(
@@ -48,6 +54,9 @@ def simulate(
     seed: int | None = None,
     noise: float | None = None,
     brownian_dt: float | None = None,
+    store: str = "states",
+    memory_budget: float | None = None,
+    cluster_tol: float | None = None,
 ) -> Trajectory:
     """Integrate the dynamics of `model` from tokens x0 up to time t_end.
 
@@ -64,12 +73,17 @@ def simulate(
         0.01, `attnflow.log_times`), "log:NUM", "linspace:START:STOP:NUM". Default: 101
         evenly spaced times from 0 to t_end, with log-spaced ones inside the first interval
         when it is longer than 0.1, so a long run's early dynamics are resolved
-        (`attnflow.savetimes.default_times`; t_end = 150: 123 times). With noise, generated
-        times move to the nearest times on the step grid. t_end is always saved.
+        (`attnflow.savetimes.default_times`; t_end = 150: 123 times). With a fixed-step
+        method the default times move to the nearest times k dt of the step grid
+        (`attnflow.savetimes.on_step_grid`), so that saving never shortens a step (t_end = 2,
+        dt = 0.05: 41 times); given times are kept, and the steps shortened to meet them
+        are recorded (`integrator["dt_min"]`). With noise, generated times move to the
+        nearest times on the step grid. t_end is always saved.
     method : "rk4" (default), "euler", "geodesic", "dopri5", or the implicit "bdf", "radau",
         "lsoda" for long horizons (see `attnflow.integrate`; these solve run by run with
         the model's exact Jacobian where it has one, finite differences otherwise), or
-        "events" for hardmax models (beta = +-inf, one head): RK4 steps of dt with every
+        "events" for hardmax models (beta = +-inf, one head; with Q = K = I every token is
+        its own leader and stays still, which is warned of): RK4 steps of dt with every
         leader change located and recorded (`attnflow.events`; the events are in
         `Trajectory.integrator["events"]` as [t, run, token, old leaders, new leaders]).
         "euler" steps x <- normalize(x + dt attn(x)): with dt = 1, one post-LN layer; blocks
@@ -77,7 +91,9 @@ def simulate(
         sublayers in turn: with dt = 1, the real network's layers).
     dt : step of the fixed-step methods (default 0.05); initial step for the others.
     rtol, atol : tolerances of the adaptive methods (defaults 1e-6 and 1e-9).
-    progress : True for a progress bar on stderr, or a callable receiving the current time.
+    progress : True for a progress report on stderr (a bar on a terminal, else a plain line
+        every 10 s with the time reached, the rate and the time left; `attnflow._progress`),
+        or a callable receiving the current time.
     normalize : project x0 onto the sphere first (for any scheme); otherwise x0 off the
         sphere by more than `attnflow.manifolds.sphere_tolerance` of its dtype is an error on
         the sphere schemes, and x0 is taken as given in R^d.
@@ -88,10 +104,104 @@ def simulate(
         exponential-map variant), in steps of exactly dt. None (default): deterministic.
     brownian_dt : the coarse step of the Brownian path (default dt); dt must be
         brownian_dt / 2^L, and runs with L = 0, 1, 2, ... then refine one path.
+    store : what is kept at each save time (`attnflow.store`): "states" (default), "float32"
+        (the states rounded to float32: half the memory and file of float64), or
+        "summaries" (the mean direction, cluster counts at `cluster_tol` and log E_beta per
+        save time, `Trajectory.summaries`; states at the first and last save times only).
+    memory_budget : bytes the run may take at its peak, estimated before it starts
+        (`attnflow.budget`: kept states plus a step's working memory, the field's measured on
+        a few tokens); over it the run is refused in one line naming the cheaper choices.
+        Default None: 80% of the memory available when the run starts. The estimate is in
+        `integrator["estimate"]` (use `estimate_run` to see it without running).
+    cluster_tol : geodesic tolerance of the summaries' cluster counts (default
+        `attnflow.default_cluster_tol` of the first layer's beta).
 
-    Returns a Trajectory with states of shape (len(save times), ..., n, d).
+    Returns a Trajectory with states of shape (len(save times), ..., n, d) (with
+    store="summaries", the first and last save times).
     Raises ValueError for bad input and `NonFiniteStateError` if a state becomes non-finite.
     """
+    plan = _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
+                 brownian_dt, store)
+    x0, times, dt, pieces = plan.x0, plan.times, plan.dt, plan.pieces
+    cost = run_cost(model, x0, times, method, plan.store, plan.kernel)
+    check_budget(cost, memory_budget, int(np.prod(x0.shape[:-2], dtype=int)), *x0.shape[-2:],
+                 x0.dtype)
+    keep = Keep(plan.store, len(times), x0, summarize=partial(
+        summaries, model, _cluster_tol(model, cluster_tol)))
+    with progress_bar(progress, plan.t_end, "simulating",
+                      "t = {task.completed:.4g}" + f" / {plan.t_end:g}") as report:
+        start = time.perf_counter()
+        work = _integrate_pieces(pieces, x0, times, method, dt, plan.rtol, plan.atol, report,
+                                 model.manifold, plan.sigma, plan.path, plan.level, keep)
+        wall = time.perf_counter() - start
+    _warn_if_still(model, x0, work["final"], plan.t_end)
+    integrator = {"method": method, "dt": dt, "rtol": plan.rtol, "atol": plan.atol,
+                  "n_steps": work["n_steps"], "n_rejected": work["n_rejected"],
+                  "kernel": ", ".join(dict.fromkeys(work["kernels"])), "store": plan.store,
+                  "estimate": {"memory": cost.memory, "file": cost.file}}
+    if method in FIXED_STEP:
+        integrator["dt_min"] = work["dt_min"]
+    if method in IMPLICIT:
+        integrator["n_jacobians"] = work["n_jacobians"]
+    if method == EVENTS:
+        integrator["events"] = work["events"]
+    if plan.sigma is not None:
+        integrator["noise"] = plan.sigma
+        integrator["brownian_dt"] = dt * 2**plan.level
+    kept = None
+    if plan.store == "summaries":
+        integrator["summaries"] = sorted(keep.summaries)
+        kept = {"time": times, **keep.summaries}
+    return Trajectory(times=keep.kept_times(times), states=keep.states, model=model,
+                      integrator=integrator, seed=plan.seed, n_evals=work["n_evals"],
+                      wall_time=wall, summaries=kept)
+
+
+def estimate_run(model: Model, x0: Any, t_end: float, save_at: Any = None,
+                 method: str = "rk4", dt: float | None = None, rtol: float | None = None,
+                 atol: float | None = None, normalize: bool = False, seed: int | None = None,
+                 noise: float | None = None, brownian_dt: float | None = None,
+                 store: str = "states") -> Cost:
+    """The estimated peak memory and file size of `simulate` with these arguments
+    (`attnflow.budget.Cost`, in bytes), without running it (one field evaluation on a few
+    tokens, measured)."""
+    plan = _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
+                 brownian_dt, store)
+    return run_cost(model, plan.x0, plan.times, method, plan.store, plan.kernel)
+
+
+@dataclass
+class _Plan:
+    """A checked run: what `simulate` integrates, and how."""
+
+    x0: np.ndarray
+    t_end: float
+    times: np.ndarray
+    dt: float | None
+    rtol: float | None
+    atol: float | None
+    seed: int | None
+    pieces: list
+    store: str
+    kernel: Any  # the first layer's kernel, for the estimate
+    sigma: float | None = None
+    path: BrownianPath | None = None
+    level: int | None = None
+
+
+def _cluster_tol(model: Model, cluster_tol: Any) -> float:
+    from attnflow.analysis import default_cluster_tol
+    from attnflow.analysis._input import radius
+
+    if cluster_tol is not None:
+        return radius("cluster_tol", cluster_tol)
+    beta = model.layers[0].beta
+    return default_cluster_tol(beta) if np.isfinite(beta) else 1e-2
+
+
+def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
+          brownian_dt, store) -> _Plan:
+    """Check simulate's arguments and work out its save times and step."""
     if not isinstance(model, (Block, Stack)):
         raise fail("model", "an attnflow.Attention, Block or Stack", type(model).__name__)
     seed = check_seed(seed)
@@ -124,34 +234,30 @@ def simulate(
         times = _on_grid(times, dt, is_generated(save_at), [b for _, b, _ in pieces])
         runs = int(np.prod(x0.shape[:-2], dtype=int))
         path = BrownianPath(seed, runs, x0.shape[-2:], dt * 2**level)
-    with progress_bar(progress, t_end, "simulating",
-                      "t = {task.completed:.4g}" + f" / {t_end:g}") as report:
-        start = time.perf_counter()
-        states, work = _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report,
-                                         model.manifold, sigma, path, level)
-        wall = time.perf_counter() - start
-    integrator = {"method": method, "dt": dt, "rtol": rtol, "atol": atol,
-                  "n_steps": work["n_steps"], "n_rejected": work["n_rejected"]}
-    if method in IMPLICIT:
-        integrator["n_jacobians"] = work["n_jacobians"]
-    if method == EVENTS:
-        integrator["events"] = work["events"]
-    if sigma is not None:
-        integrator["noise"] = sigma
-        integrator["brownian_dt"] = dt * 2**level
-    return Trajectory(times=times, states=states, model=model, integrator=integrator,
-                      seed=seed, n_evals=work["n_evals"], wall_time=wall)
+    elif method in FIXED_STEP:
+        dt = DEFAULT_DT if dt is None else dt
+        if save_at is None or (isinstance(save_at, str) and save_at == "default"):
+            times = on_step_grid(times, dt)
+    layer = pieces[0][2] if pieces else model.layers[0]
+    kernel = layer.kernel_for(x0 if method not in IMPLICIT else x0[(0,) * (x0.ndim - 2)])
+    return _Plan(x0, t_end, times, dt, rtol, atol, seed, pieces, check_store(store), kernel,
+                 sigma, path, level)
 
 
 COUNTS = ("n_evals", "n_steps", "n_rejected", "n_jacobians")  # an integrator's work
 
 
 def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifold, sigma,
-                      path, level) -> tuple[np.ndarray, dict[str, int]]:
-    """Integrate layer by layer, each piece with its own field, saving at `times`."""
+                      path, level, keep: Keep) -> dict[str, Any]:
+    """Integrate layer by layer, each piece with its own field, handing the state at each
+    of `times` to `keep`. Fixed-step methods step through a few save times per call
+    (`chunk_times`; the same steps as in one call), so that no more than the kept states
+    and one chunk are ever held."""
     x = x0
-    saved = [x0] if times[0] == 0 else []
-    work: dict[str, Any] = {**dict.fromkeys(COUNTS, 0), "events": []}
+    if times[0] == 0:
+        keep.add(x0)
+    work: dict[str, Any] = {**dict.fromkeys(COUNTS, 0), "events": [], "kernels": [],
+                            "dt_min": None}
     for a, b, layer in pieces:
         inside = times[(times > a) & (times <= b)]
         stops = inside if inside.size and inside[-1] == b else np.append(inside, b)
@@ -160,29 +266,80 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
         if method == EVENTS:
             sol, events = integrate_events(_switching(layer), x, np.concatenate([[a], stops]),
                                            DEFAULT_DT if dt is None else dt, report, manifold)
-            sol.states = sol.states[1:]
             work["events"].extend([list(e) for e in events])
-            saved.extend(sol.states[: len(inside)])
+            work["kernels"].append("hardmax (leader changes located)")
+            _add_work(work, sol, keep, sol.states[1:], len(inside))
             x = sol.states[-1]
-            for key in COUNTS:
-                work[key] += getattr(sol, key)
             continue
         # One kernel for the whole piece (chosen for the batch, or for one run where the
         # implicit methods solve run by run).
         kernel = layer.kernel_for(x if method not in IMPLICIT else x[(0,) * (x.ndim - 2)])
-        noise = None if sigma is None else Noise(sigma, path, level, round(a / dt))
+        work["kernels"].append(kernel_label(layer, kernel, x.shape[-1]))
         drift = Drift(partial(layer.tangent_field, kernel=kernel),
                       euler=partial(layer.drift, kernel=kernel),
                       jacobian=layer.jacobian if layer.has_exact_jacobian else None,
                       splitting=layer.splitting(kernel), runs_independent=True)
         runs = int(np.prod(x.shape[:-2], dtype=int))
-        sol = integrate(drift, x, stops, method, dt, rtol, atol, report, manifold=manifold,
-                        noise=noise, t0=a, grain=tile_runs(x.dtype, runs))
-        saved.extend(sol.states[: len(inside)])
-        x = sol.states[-1]
-        for key in COUNTS:
-            work[key] += getattr(sol, key)
-    return np.stack(saved), work
+        solve = partial(integrate, drift, method=method, dt=dt, rtol=rtol, atol=atol,
+                        progress=report, manifold=manifold, grain=tile_runs(x.dtype, runs))
+        if method not in FIXED_STEP:
+            sol = solve(x, stops, t0=a)
+            _add_work(work, sol, keep, sol.states, len(inside))
+            x = sol.states[-1]
+            continue
+        start, chunk = a, chunk_times(x)
+        for i in range(0, len(stops), chunk):
+            noise = None if sigma is None else Noise(sigma, path, level, round(start / dt))
+            sol = solve(x, stops[i:i + chunk], t0=start, noise=noise)
+            x, start = sol.states[-1], stops[i:i + chunk][-1]
+            _add_work(work, sol, keep, sol.states, max(0, min(chunk, len(inside) - i)))
+    work["final"] = x
+    return work
+
+
+def chunk_times(x: np.ndarray) -> int:
+    """Save times a fixed-step method steps through per call: as many states as fit in
+    `budget.CHUNK_BYTES` (at least one). Fewer calls keep an ensemble's pieces stepping
+    without a barrier at every save time (`attnflow.ensembles`)."""
+    return max(1, CHUNK_BYTES // max(1, x.nbytes))
+
+
+def _add_work(work: dict[str, Any], sol: Any, keep: Keep, states: np.ndarray,
+              saved: int) -> None:
+    """Count a solution's work and keep its first `saved` states."""
+    for state in states[:saved]:
+        keep.add(state)
+    for key in COUNTS:
+        work[key] += getattr(sol, key)
+    _note_step(work, sol)
+
+
+def _note_step(work: dict[str, Any], sol: Any) -> None:
+    """Keep the smallest step a fixed-step solution took (`Solution.h_min`)."""
+    h = getattr(sol, "h_min", None)
+    if h is not None:
+        work["dt_min"] = h if work["dt_min"] is None else min(work["dt_min"], h)
+
+
+def kernel_label(layer: Block, kernel: Any, d: int) -> str:
+    """The kernel a layer's attention ran with, as the record names it: the backend's name
+    ("dense", "blocked", "fused", "torch"), "harmonic (tol T, order K)" with the order at the
+    layer's score scale beta |Q| |K| (auto's harmonic choice adds that calls whose queries or
+    keys have no common norm fall back to blocked), "hardmax" at beta = +-inf."""
+    name = kernel_name(kernel)
+    if not name.startswith("harmonic"):
+        return "hardmax" if layer.attention.is_hardmax and name == "dense" else name
+    tol = getattr(kernel, "tol", harmonic.DEFAULT_TOL)
+    orders = []
+    for Q, K, *_ in layer.heads:
+        scale = 1.0
+        for M in (Q, K):
+            scale *= 1.0 if M is None else float(np.linalg.norm(M, 2))
+        e = layer.attention.head_size(Q, K, d)
+        if e in (2, 3):
+            orders.append(harmonic.order(float(layer.beta) * scale, e, tol))
+    text = f"harmonic (tol {tol:g}" + (f", order {max(orders)})" if orders else ")")
+    return text + (", blocked where refused" if kernel is harmonic_or_blocked else "")
 
 
 def _check_hardmax(model: Model, method: str, noise: Any) -> None:
@@ -208,6 +365,35 @@ def _check_hardmax(model: Model, method: str, noise: Any) -> None:
     if noise is not None:
         raise fail("noise", "None with method 'events' (leader changes of a deterministic "
                    "flow)", repr(noise))
+
+
+def _warn_if_still(model: Model, x0: np.ndarray, final: np.ndarray, t_end: float) -> None:
+    """A one-line warning when hardmax attention left every token exactly where it was, with
+    the reason when Q^T K is a positive multiple of the identity for every head (Q = K = I
+    among them): then each token is its own leader, since <x_i, x_i> = |x_i|^2 >= <x_i, x_j>
+    for tokens of one norm (Cauchy-Schwarz), so the attention output is V x_i itself and the
+    field (its tangent part, for V = I) vanishes."""
+    if t_end <= 0 or not any(layer.attention.is_hardmax for layer in model.layers):
+        return
+    eps = np.finfo(np.result_type(final.dtype, np.float32)).eps
+    if np.max(np.abs(final - x0), initial=0.0) > 1e3 * eps:  # it moved (beyond round-off)
+        return
+    own = all(Q is not None and K is not None and _positive_identity(Q.T @ K)
+              or Q is None and K is None
+              for layer in model.layers if layer.attention.is_hardmax
+              for Q, K, *_ in layer.heads)
+    reason = (" (each token is its own leader: with Q^T K a positive multiple of the "
+              "identity, <x_i, x_i> >= <x_i, x_j> on the sphere, so hardmax attention returns "
+              "each token's own value; take Q != K or a finite beta)") if own else ""
+    warnings.warn(f"hardmax attention left every token still up to t = {t_end:g}{reason}",
+                  stacklevel=3)
+
+
+def _positive_identity(M: np.ndarray) -> bool:
+    """Whether M is c I with c > 0 (to round-off)."""
+    c = float(np.trace(M)) / M.shape[0]
+    return M.shape[0] == M.shape[1] and c > 0 and np.allclose(M, c * np.eye(M.shape[0]),
+                                                               atol=1e-12 * c)
 
 
 def _switching(layer: Block) -> Switching:

@@ -40,13 +40,18 @@ class Trajectory(ShortRepr):
         sphere for the post-LN and nGPT schemes, in R^d for pre- and peri-LN (see
         `directions`).
     model : the model that was integrated (an Attention layer or a Stack of layers).
-    integrator : method and settings (method, dt, rtol, atol, steps, rejected steps).
+    integrator : method and settings (method, dt, rtol, atol, steps, rejected steps; dt_min,
+        the smallest step taken by a fixed-step method; kernel, the attention kernel that
+        ran, e.g. "harmonic (tol 1e-12, order 66)"; None in older files, which lack it).
     seed : the seed of the initial tokens when they were drawn by attnflow, else None.
     n_evals : number of field evaluations (each over the whole batch).
     wall_time : seconds spent integrating.
     version : attnflow version that produced it.
     commit : git commit of the attnflow source that produced it (None when unknown, e.g.
         from an installed wheel).
+    summaries : for a run with store="summaries" (`attnflow.store`), arrays per save time:
+        "time" (S,) and each summary (S, ...) or (S, ..., k); `times` and `states` are then
+        the first and last save times only. None otherwise.
     """
 
     times: np.ndarray
@@ -58,6 +63,7 @@ class Trajectory(ShortRepr):
     wall_time: float = 0.0
     version: str = field(default_factory=lambda: _version())
     commit: str | None = field(default_factory=lambda: _commit())
+    summaries: dict[str, np.ndarray] | None = None
 
     def _summary(self) -> dict[str, Any]:
         """What the short repr shows: sizes, the times, the model and how it was run."""
@@ -65,7 +71,7 @@ class Trajectory(ShortRepr):
         return {"runs": int(np.prod(self.batch_shape)), "n": self.n, "d": self.d,
                 "times": Plain(f"{t.size} from {t[0]:g} to {t[-1]:g}" if t.size else "none"),
                 "model": self.model, "method": self.integrator.get("method"),
-                "n_evals": self.n_evals, "seed": self.seed}
+                "kernel": self.integrator.get("kernel"), "n_evals": self.n_evals, "seed": self.seed}
 
     @property
     def batch_shape(self) -> tuple[int, ...]:
@@ -147,6 +153,12 @@ class Trajectory(ShortRepr):
         for name, arr in arrays.items():
             # Dimensions of their own: heads may be rectangular, layers differ in shape.
             data[name] = (tuple(f"{name}_dim{i}" for i in range(arr.ndim)), arr)
+        for name, arr in (self.summaries or {}).items():  # (S, *batch, k...): runs flattened
+            arr = arr.reshape(len(arr), runs, *arr.shape[1 + len(self.batch_shape):]) \
+                if name != "time" else arr
+            dims = ("summary_time",) if name == "time" else (
+                "summary_time", "run", *(f"summary_{name}_dim{i}" for i in range(arr.ndim - 2)))
+            data[f"summary_{name}"] = (dims, arr)
         return xr.Dataset(
             data,
             coords={"time": self.times, "run": np.arange(runs), "token": np.arange(n),
@@ -223,7 +235,13 @@ def _first_line(err: BaseException) -> str:
 def from_xarray(ds: xr.Dataset) -> Trajectory:
     """Inverse of `Trajectory.to_xarray`."""
     rec = json.loads(ds.attrs["attnflow"])
-    arrays = {name: ds[name].values for name in ds.data_vars if name != "states"}
+    arrays = {name: ds[name].values for name in ds.data_vars
+              if name != "states" and not name.startswith("summary_")}
+    summaries = {str(name)[len("summary_"):]: ds[name].values for name in ds.variables
+                 if str(name).startswith("summary_")} or None
+    for name, arr in (summaries or {}).items():
+        if name != "time":
+            summaries[name] = arr.reshape(len(arr), *rec["batch_shape"], *arr.shape[2:])
     model = model_from_record(rec["model"], arrays)
     states = ds["states"].values
     T, _, n, d = states.shape
@@ -237,6 +255,7 @@ def from_xarray(ds: xr.Dataset) -> Trajectory:
         wall_time=rec["wall_time"],
         version=rec["version"],
         commit=rec.get("commit"),
+        summaries=summaries,
     )
 
 

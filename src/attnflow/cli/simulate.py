@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -104,7 +105,18 @@ def simulate(
         None, help="Geodesic tolerance (rad) for the cluster count in the summary "
         "(default |beta|^{-1/2} / 4, or 1e-2 if beta = 0)."),
     out: Path = typer.Option(Path("run.nc"), "--out", "-o", help="Output file, .nc or .zarr."),
-    progress: bool = typer.Option(True, help="Show a progress bar."),
+    progress: bool = typer.Option(True, help="Report progress on stderr: a bar on a terminal, "
+                                  "else a line every 10 s (time reached, rate, time left)."),
+    backend: str = typer.Option("auto", help="Attention kernel: auto (the fastest that "
+                                "applies), dense, fused, blocked, harmonic, harmonic:TOL, "
+                                "torch (the record names the kernel that ran)."),
+    store: str = typer.Option("states", help="What to keep per save time: states, float32 "
+                              "(states in float32: half the memory and file), summaries (mean "
+                              "direction, cluster counts, energy; states at the first and "
+                              "last times only)."),
+    memory_budget: float = typer.Option(None, help="GB (1e9 bytes) the run may take at its "
+                                        "peak, estimated before it starts (default: 80% of the "
+                                        "memory available)."),
     from_model: Path = typer.Option(None, help="A Hugging Face checkpoint directory: simulate "
                                     "one layer of it, causal and full, from the model's "
                                     "embedding of --text or --token-ids (replaces --n, --d, "
@@ -131,7 +143,8 @@ def simulate(
     if from_model is not None:
         unused(given(ctx, n="--n", d="--d", mask="--mask", Q="--Q", K="--K", V="--V",
                      batch="--batch", seed="--seed", dtype="--dtype", alpha="--alpha",
-                     noise="--noise", layers="--layers", **flags), "with --from-model")
+                     noise="--noise", layers="--layers", backend="--backend", store="--store",
+                     memory_budget="--memory-budget", **flags), "with --from-model")
         from attnflow.analysis._input import radius
 
         beta = 1.0 if beta is None else beta
@@ -152,7 +165,8 @@ def simulate(
     if layers is not None:
         unused(given(ctx, Q="--Q", K="--K", V="--V", d="--d"), "with --layers")
         if layers.suffix in MODEL_FILES:  # the saved model itself: every option is its own
-            unused(given(ctx, beta="--beta", mask="--mask", alpha="--alpha", **flags),
+            unused(given(ctx, beta="--beta", mask="--mask", alpha="--alpha",
+                         backend="--backend", **flags),
                    f"with --layers {layers.suffix} (a saved model keeps its own options)")
     texts = {k: (None if v == "none" and k not in DEFAULTS else v) for k, v in family.items()}
     model_d = d if layers is None else None
@@ -161,7 +175,9 @@ def simulate(
     setup = _setup(n=n, d=d, beta=64.0 if beta is None else beta, mask=mask, Q=Q, K=K, V=V,
                    batch=batch, method=method.value, dt=dt, rtol=rtol, atol=atol, t_end=t_end,
                    save_at=save_at, seed=seed, dtype=dtype.value, cluster_tol=cluster_tol,
-                   out=out, family=family, noise=noise, layers=layers)
+                   out=out, family=family, noise=noise, layers=layers, backend=backend,
+                   store=store,
+                   memory_budget=None if memory_budget is None else memory_budget * 1e9)
     _run(setup, progress)
 
 
@@ -169,7 +185,8 @@ app.command()(FamilyCommand(simulate))
 
 SOLVER_OPTIONS = {"method": "--method", "t_end": "--t-end", "save_at": "--save-at",
                   "dt": "--dt", "rtol": "--rtol", "atol": "--atol", "rtol/atol": "--rtol/--atol",
-                  "beta": "--beta", "cluster_tol": "--cluster-tol"}
+                  "beta": "--beta", "cluster_tol": "--cluster-tol", "backend": "--backend",
+                  "store": "--store", "memory_budget": "--memory-budget"}
 
 
 @dataclass(frozen=True)
@@ -188,13 +205,16 @@ class Setup:
     cluster_tol: float
     out: Path
     noise: float | None = None
+    store: str = "states"
+    memory_budget: float | None = None  # bytes
 
 
 def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, batch: int,
            method: str, dt: float | None, rtol: float | None, atol: float | None,
            t_end: float, save_at: str | None, seed: int, dtype: str,
            cluster_tol: float | None, out: Path, family: dict[str, Any] | None = None,
-           noise: float | None = None, layers: Path | None = None) -> Setup:
+           noise: float | None = None, layers: Path | None = None, backend: str = "auto",
+           store: str = "states", memory_budget: float | None = None) -> Setup:
     """Check every option and build the model and the initial tokens (cheap: no
     integration); a ValueError names the option."""
     from attnflow import Attention
@@ -202,6 +222,7 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
     from attnflow.analysis._input import radius
     from attnflow.simulate import check_seed
     from attnflow.sphere import uniform
+    from attnflow.store import check_store
 
     output_path("--out", out, sorted(FORMATS))
     with renamed(**SOLVER_OPTIONS, seed="--seed", mask="--mask", Q="--Q", K="--K", V="--V",
@@ -209,6 +230,9 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
                  **{k: flag(k) for k in option_names()}):
         check_solver_args(method, t_end, save_at, dt, rtol, atol)
         seed = check_seed(seed)
+        check_store(store)
+        if memory_budget is not None and not memory_budget > 0:
+            raise fail("memory_budget", "a number of GB > 0", repr(memory_budget / 1e9))
         tol = radius("cluster_tol", cluster_tol) if cluster_tol is not None else \
             default_cluster_tol(inverse_temperature("beta", beta))
         family = family or {}
@@ -220,20 +244,22 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
             segments(model, t_end)  # t_end <= the number of layers
         elif layers is not None:
             model = layers_from_npz(layers, "--layers", beta=beta, mask=mask_from_text(mask),
-                                    **family)
+                                    backend=backend, **family)
             d = d if model.d is None else model.d
             segments(model, t_end)  # t_end <= the number of layers
         else:
             matrices = {name: matrix_from_spec(spec, d, name, seed)
                         for name, spec in (("Q", Q), ("K", K), ("V", V))}
-            model = Attention(**matrices, beta=beta, mask=mask_from_text(mask), **family)
+            model = Attention(**matrices, beta=beta, mask=mask_from_text(mask),
+                              backend=backend, **family)
         if noise is not None:
             number("noise", noise, 0.0, expected="sigma >= 0")
             if method not in NOISY:
                 raise fail("method", f"one of {', '.join(NOISY)} with --noise", repr(method))
     x0 = uniform((batch, n) if batch > 1 else n, d, seed).astype(dtype)
     return Setup(model=model, x0=x0, t_end=t_end, save_at=save_at, method=method, dt=dt,
-                 rtol=rtol, atol=atol, seed=seed, cluster_tol=tol, out=out, noise=noise)
+                 rtol=rtol, atol=atol, seed=seed, cluster_tol=tol, out=out, noise=noise,
+                 store=store, memory_budget=memory_budget)
 
 
 MODEL_FILES = (".nc", ".zarr")  # --layers given a saved Trajectory: its model
@@ -255,8 +281,16 @@ def _run(setup: Setup, progress: bool) -> None:
     from attnflow import simulate as run
     from attnflow.analysis import cluster_count
     from attnflow.integrate import NonFiniteStateError
+    from attnflow.simulate import estimate_run
     from attnflow.sphere import geodesic_distance
 
+    with renamed(**SOLVER_OPTIONS, noise="--noise", brownian_dt="--dt"):
+        cost = estimate_run(setup.model, setup.x0, setup.t_end, save_at=setup.save_at,
+                            method=setup.method, dt=setup.dt, rtol=setup.rtol,
+                            atol=setup.atol, seed=setup.seed, noise=setup.noise,
+                            store=setup.store)
+    if progress:  # before the run, with the progress report (stderr: stdout is the summary)
+        print(f"estimated {cost.describe()}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     try:
         # A blow-up ends in NonFiniteStateError (with its time); numpy's overflow warnings
@@ -267,7 +301,9 @@ def _run(setup: Setup, progress: bool) -> None:
                 traj = run(setup.model, setup.x0, setup.t_end, save_at=setup.save_at,
                            method=setup.method, dt=setup.dt, rtol=setup.rtol,
                            atol=setup.atol, progress=progress, seed=setup.seed,
-                           noise=setup.noise)
+                           noise=setup.noise, store=setup.store,
+                           memory_budget=setup.memory_budget,
+                           cluster_tol=setup.cluster_tol)
     except NonFiniteStateError as err:
         raise fail("--Q/--K/--V/--beta/--dt", "settings under which the tokens stay finite",
                    str(err)) from None
@@ -276,11 +312,13 @@ def _run(setup: Setup, progress: bool) -> None:
     final = traj.directions[-1]  # pre- and peri-LN: the clusters are of the directions
     counts = np.atleast_1d(cluster_count(final, setup.cluster_tol))
     drift = geodesic_distance(final, setup.x0[..., :1, :]).max()
+    print(f"estimated         {cost.describe()}")
     print(f"final time        {traj.times[-1]:g}")
     print(f"clusters          {_spread(counts)}  (single linkage, tol {setup.cluster_tol:.3g} "
           "rad)")
     print(f"max dist to x_1(0) {drift:.3e} rad")
     print(f"field evaluations {traj.n_evals}")
+    print(f"kernel            {traj.integrator['kernel']}")
     print(f"wall time         {wall:.2f} s")
     print(f"written           {path}")
 

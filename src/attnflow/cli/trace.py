@@ -21,6 +21,8 @@ def trace(
     out: Path = typer.Option(Path("trace.zarr"), "--out", "-o", help="Output .zarr store."),
     attention: bool = typer.Option(True, help="Also record every head's attention pattern "
                                    "(layers x heads x n^2 floats)."),
+    mlp: bool = typer.Option(True, help="--no-mlp: the ablation, the same model with every "
+                             "MLP sublayer dropped (attention and norms only)."),
 ) -> None:
     """Run a decoder or encoder on a text and write its residual stream (blocks.{l}.hook_resid_pre,
     hook_resid_mid, hook_resid_post) and attention patterns (blocks.{l}.attn.hook_pattern)
@@ -39,10 +41,10 @@ def trace(
     if (text is None) == (ids is None):
         raise fail("--text/--token-ids", "exactly one of them",
                    "both" if text is not None else "neither")
-    ds = run(model, text=text, token_ids=ids, attention=attention)
+    ds = run(model, text=text, token_ids=ids, attention=attention, mlp=mlp)
     path = save_trace(ds, out)
     L = sum(1 for name in ds.data_vars if name.endswith("hook_resid_post"))
     print(f"model        {model}")
     print(f"tokens       {ds.sizes['pos']}")
-    print(f"layers       {L}")
+    print(f"layers       {L}" + ("" if mlp else " (MLPs dropped)"))
     print(f"written      {path}")

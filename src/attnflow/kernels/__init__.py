@@ -68,6 +68,20 @@ def get_kernel(name: str) -> Kernel:
     return kernel
 
 
+def kernel_name(kernel: Kernel) -> str:
+    """The backend name of a kernel `get_kernel` returns ("harmonic:TOL" for a harmonic kernel
+    of another tolerance than the default; "harmonic" for auto's harmonic choice, which falls
+    back to blocked per call); the kernel's own name for any other callable."""
+    if isinstance(kernel, harmonic.Harmonic):
+        return "harmonic" if kernel.tol == harmonic.DEFAULT_TOL else f"harmonic:{kernel.tol:g}"
+    if kernel is auto.harmonic_or_blocked:
+        return "harmonic"
+    for name, registered in KERNELS.items():
+        if kernel is registered:
+            return name
+    return getattr(kernel, "__qualname__", type(kernel).__name__)
+
+
 def supports(name: str) -> frozenset[str]:
     """The options (`attnflow.kernels.options`) of the backend `name` (as `get_kernel`)."""
     get_kernel(name)
@@ -75,4 +89,4 @@ def supports(name: str) -> frozenset[str]:
 
 
 __all__ = ["KERNELS", "SUPPORTS", "Kernel", "Memory", "Normalization", "get_kernel",
-           "supports"]
+           "kernel_name", "supports"]

@@ -7,7 +7,10 @@ weight equally:
     w_ij = 1 / |L_i| for j in L_i = {j in mask(i) : s_ij >= max_l s_il - tol_i}, else 0,
     s_ij = sign(beta) <q_i, k_j>,  tol_i = TIE_ULPS * eps * |q_i| * max_{j in mask(i)} |k_j|
 
-(eps: the machine epsilon of the scores' dtype). The tolerance is a few ulps of the scale of
+(eps: the machine epsilon of the scores' dtype). With Q^T K a positive multiple of the
+identity (Q = K = I) each token of the sphere is its own leader, <x_i, x_i> = 1 >= <x_i, x_j>
+(Cauchy-Schwarz), so every row returns its own value and with V = I nothing moves
+(`attnflow.simulate` warns when a run stays still). The tolerance is a few ulps of the scale of
 row i's scores (the Cauchy-Schwarz bound |q_i| |k_j| of every score of the row, which also
 bounds a dot product's rounding error up to a factor of the head size), so that scores equal
 in exact arithmetic but computed in different orders are tied, and the decision is

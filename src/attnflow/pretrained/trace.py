@@ -213,7 +213,7 @@ def _register_accessor() -> None:
 
 
 def trace(model: Any, text: str | None = None, token_ids: Sequence[int] | None = None,
-          attention: bool = True, dtype: Any = np.float64) -> Any:
+          attention: bool = True, dtype: Any = np.float64, mlp: bool = True) -> Any:
     """The trace of one forward pass of a decoder or encoder (Euler dt = 1 on its Stack,
     `attnflow.pretrained.forward`): residual streams before, between and after each layer's
     sublayers, and (with `attention`) every head's attention pattern.
@@ -223,6 +223,9 @@ def trace(model: Any, text: str | None = None, token_ids: Sequence[int] | None =
         (`attnflow.pretrained.models.MODELS`: "smollm2", "gemma3-270m", "minilm").
     text, token_ids : exactly one of them: the text (tokenised by the model's own tokenizer,
         BOS first where the model asks for it) or the token ids.
+    mlp : False for the ablation: the same model with every MLP sublayer dropped (attention
+        and norms only; no hook_resid_mid, which would equal hook_resid_post). The trace's
+        attribute ``mlp`` says which.
     """
     from attnflow.pretrained.forward import forward
     from attnflow.pretrained.models import read
@@ -231,10 +234,13 @@ def trace(model: Any, text: str | None = None, token_ids: Sequence[int] | None =
         raise fail("text, token_ids", "exactly one of them", "both" if text else "neither")
     m = read(model)
     ids = m.token_ids(text) if text is not None else list(token_ids)
-    run = forward(m, ids, attention=attention, logits="none", dtype=dtype)
+    if not isinstance(mlp, (bool, np.bool_)):
+        raise fail("mlp", "True or False (False: every MLP sublayer dropped)", repr(mlp))
+    run = forward(m, ids, attention=attention, logits="none", dtype=dtype, mlp=bool(mlp))
     words = [m.decode([int(i)]) for i in run.token_ids]
     return trace_dataset(run.hidden[:-1], run.hidden[1:], run.token_ids, resid_mid=run.mid,
                          pattern=run.attention, str_tokens=words,
                          attrs={"model": m.name, "path": str(m.path), "text": text,
-                                "note": m.note, "forward": "Euler dt = 1 on the family Stack"})
+                                "note": m.note, "forward": "Euler dt = 1 on the family Stack",
+                                "mlp": int(bool(mlp))})
 

@@ -1,0 +1,159 @@
+"""What a run will cost before it starts: its peak memory and the size of its file, and the
+refusal of a run over the memory budget (`simulate(..., memory_budget=)`).
+
+The estimate (`Cost`) is the sum of
+
+* the kept states: save times x runs x n x d x the stored dtype's bytes (`attnflow.store`;
+  the first and last only, plus the summaries, with store="summaries"), held once: the
+  fixed-step methods step through `CHUNK_BYTES` of save times per call into them, while the
+  adaptive and implicit methods hold their own stack of the saved states as well (twice);
+* the working memory of a step: the current state, the method's stage arrays (`STAGES`,
+  in states), one chunk of states (fixed steps), and the peak of one field evaluation,
+  measured (tracemalloc) on the first `PROBE` tokens of every run (its second evaluation:
+  the first makes one-off allocations) and scaled to n (as n^2 for the dense kernel and for
+  hardmax, whose scores are n x n, measured on `PROBE_QUADRATIC` tokens; as n otherwise);
+  the implicit methods' (n d)^2 Jacobians.
+
+Not counted: a process's first run loads compiled code (numba's, about 20 MB, once). The
+file holds the kept states (and summaries) uncompressed. The default budget is
+`BUDGET_FRACTION` of the memory available when the run starts (psutil where installed,
+else the free pages os.sysconf reports).
+"""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from attnflow._checks import fail
+
+__all__ = ["BUDGET_FRACTION", "CHUNK_BYTES", "PROBE", "PROBE_QUADRATIC", "STAGES", "Cost",
+           "available_memory", "check_budget", "run_cost"]
+
+BUDGET_FRACTION = 0.8  # of the available memory: the default budget
+CHUNK_BYTES = 64 << 20  # states a fixed-step method returns per call (simulate.chunk_times)
+# Tokens per run on which the field's working memory is measured: two of the harmonic
+# kernel's blocks of rows (so that the probe runs every loop the run will); n^2 kernels less.
+PROBE = 8192
+PROBE_QUADRATIC = 1024
+# Arrays of the state's size a step holds beside the current state and one field
+# evaluation (integrate.py): rk4 k1, k2, k3 and a stage during the fourth evaluation;
+# geodesic also the chart's point, velocity and pulled-back field; dopri5 seven stages, the
+# new state, its error and scale; Euler the new state; the implicit methods (run by run)
+# scipy's few copies. Fixed-step methods add the states of one chunk (`CHUNK_BYTES`).
+STAGES = {"euler": 2, "rk4": 4, "geodesic": 9, "dopri5": 11, "events": 6,
+          "bdf": 4, "radau": 6, "lsoda": 4}
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The estimated cost of a run, in bytes: `memory` at its peak (`kept` states and
+    summaries + `working` memory of a step) and its `file`; `save_times` kept states."""
+
+    memory: int
+    kept: int
+    working: int
+    file: int
+    save_times: int
+
+    def describe(self) -> str:
+        return (f"peak memory about {_size(self.memory)} ({_size(self.kept)} kept for "
+                f"{self.save_times} save times, {_size(self.working)} working), file about "
+                f"{_size(self.file)}")
+
+
+def run_cost(model: Any, x0: np.ndarray, times: np.ndarray, method: str, store: str,
+             kernel: Any) -> Cost:
+    """The cost (`Cost`) of integrating x0 (..., n, d) under `model` with `method`, keeping
+    `store` (`attnflow.store.STORES`) at `times`, the attention computed by `kernel`."""
+    from attnflow.integrate import FIXED_STEP
+
+    state = x0.nbytes
+    runs = int(np.prod(x0.shape[:-2], dtype=int))
+    n, d = x0.shape[-2:]
+    T = len(times)
+    if store == "summaries":
+        summary = T * runs * (d + 2) * 8
+        kept = min(T, 2) * state + summary
+        stored = kept
+    else:
+        stored = T * runs * n * d * (4 if store == "float32" else x0.dtype.itemsize)
+        kept = stored if method in FIXED_STEP and method != "events" else stored + 2 * T * state
+    chunk = min(T, max(1, CHUNK_BYTES // max(1, state)))  # simulate.chunk_times
+    stages = STAGES[method] + (chunk + 1 if method in FIXED_STEP else 0)
+    working = state * (1 + stages) + _field_peak(model, x0, kernel, method)
+    if method in ("bdf", "radau", "lsoda"):
+        working += 3 * (n * d) ** 2 * 8  # the Jacobian, its factorisation and a copy
+    return Cost(memory=kept + working, kept=kept, working=working, file=stored, save_times=T)
+
+
+def _field_peak(model: Any, x0: np.ndarray, kernel: Any, method: str) -> int:
+    """The peak memory of one field evaluation at x0, measured on its first `PROBE` tokens
+    (all of them where the model fixes n) and scaled (module docstring)."""
+    from attnflow.integrate import IMPLICIT
+    from attnflow.kernels import dense
+
+    layer = model.layers[0]
+    n = x0.shape[-2]
+    x = x0 if method not in IMPLICIT else x0[(0,) * (x0.ndim - 2)]
+    quadratic = kernel is dense.attend or layer.attention.is_hardmax
+    m = n if layer.attention.fixed_n is not None else min(
+        n, PROBE_QUADRATIC if quadratic else PROBE)
+    probe = np.ascontiguousarray(x[..., :m, :])
+    layer.tangent_field(probe, kernel=kernel)  # first: one-off allocations (caches, imports)
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        layer.tangent_field(probe, kernel=kernel)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    return int(peak * (n / m) ** (2 if quadratic else 1))
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new run: psutil's `available` (free plus reclaimable
+    caches) where psutil is installed, else the free pages (os.sysconf)."""
+    try:
+        import psutil
+    except ImportError:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(psutil.virtual_memory().available)
+
+
+def check_budget(cost: Cost, budget: Any, runs: int, n: int, d: int, dtype: Any) -> None:
+    """Refuse, in one line naming the cheaper choices, a run whose estimated peak memory
+    exceeds `budget` (bytes; None: `BUDGET_FRACTION` of `available_memory()`)."""
+    if budget is None:
+        limit = BUDGET_FRACTION * available_memory()
+        whose = f"{BUDGET_FRACTION:.0%} of the memory available now, the default"
+    else:
+        if isinstance(budget, (bool, np.bool_)) or not isinstance(
+                budget, (int, float, np.integer, np.floating)) or not budget > 0:
+            raise fail("memory_budget", "a number of bytes > 0 (or None: "
+                       f"{BUDGET_FRACTION:.0%} of the available memory)", repr(budget))
+        limit, whose = float(budget), "the budget given"
+    if cost.memory <= limit:
+        return
+    raise fail("memory_budget", f"a run within {_size(limit)} ({whose}; raise it with "
+               "memory_budget=BYTES, --memory-budget GB on the command line)",
+               f"a run of {cost.save_times} save times x {runs} run(s) x {n} tokens x d = {d} "
+               f"({np.dtype(dtype).name}) with an estimated {cost.describe()}; cheaper: "
+               "fewer save times (save_at), store='float32' (half the states) or "
+               "store='summaries' (moments, cluster counts, energy per save time)")
+
+
+def _size(nbytes: float) -> str:
+    """A size for people: 656 MB, 1.6 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.0f} B"
