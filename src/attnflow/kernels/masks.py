@@ -93,9 +93,18 @@ def mask_to_record(mask: MaskSpec) -> Any:
 
 
 def mask_from_record(rec: Any) -> MaskSpec:
-    """Inverse of `mask_to_record`."""
-    if isinstance(rec, dict):
-        return np.asarray(rec["array"], dtype=bool)
-    if isinstance(rec, list):
-        return ("window", int(rec[1]))
-    return rec
+    """Inverse of `mask_to_record`. Only what a record holds is read: a named mask
+    ("causal", "full"), a window or an array; a text that names a file (``FILE.npy``) is
+    refused, so that a saved run never makes its reader open another file."""
+    if isinstance(rec, dict) and "array" in rec:
+        arr = np.asarray(rec["array"])
+        if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.dtype.kind not in "biu":
+            raise fail("mask", "a square (n, n) array of 0 and 1", describe(arr))
+        return arr.astype(bool)
+    if (isinstance(rec, list) and len(rec) == 2 and rec[0] == "window"
+            and isinstance(rec[1], int) and not isinstance(rec[1], bool) and rec[1] >= 1):
+        return ("window", rec[1])
+    if rec in ("causal", "full"):
+        return rec
+    raise fail("mask", "'causal', 'full', ['window', w] or {'array': ...} in a record (a file "
+               "name is never read from a record)", repr(rec)[:80])
