@@ -126,6 +126,8 @@ def open_dataset(path: Path, kind: str, record_attr: str, max_bytes: int | None 
     else:
         _check_regular(path, path, "a directory (a Zarr store)", directory=True)
         _inspect_zarr_tree(path, max_bytes)
+        arrays = _zarr_arrays(path)
+        _check_budget(path, {n: (a.shape, a.dtype) for n, a in arrays}, max_bytes)
     try:
         if kind == "netcdf":
             ds = xr.open_dataset(path, engine="h5netcdf", cache=False)
@@ -135,11 +137,10 @@ def open_dataset(path: Path, kind: str, record_attr: str, max_bytes: int | None 
     except Exception as err:  # any reader failure: not a readable file of this kind
         raise CorruptFileError(path, "file", f"a readable {kind} file", first_line(err)
                                ) from None
-    if kind == "zarr":
-        _check_budget(path, {n: (v.shape, v.dtype) for n, v in ds.variables.items()}, max_bytes)
-        _check_zarr_chunks(path, strict=FORMAT_ATTR in ds.attrs)
     if record_attr in ds.attrs and (FORMAT_ATTR in ds.attrs or MARKER_ATTR in ds.attrs):
         _check_marker(path, ds, record_attr)
+    if kind == "zarr":
+        _check_zarr_chunks(path, arrays, strict=FORMAT_ATTR in ds.attrs)
     return ds
 
 
@@ -275,18 +276,22 @@ def _over_budget(path: Path, field: str, size: int, max_bytes: int) -> None:
                            "larger max_bytes to read it)", size_text(size))
 
 
-def _check_zarr_chunks(path: Path, strict: bool) -> None:
-    """Every chunk of every array stored (a missing chunk reads as the fill value); of float
-    arrays only when not `strict` (stores of format 1 left out chunks equal to the fill value,
-    which for floats is NaN, never in a run)."""
+def _zarr_arrays(path: Path) -> list[tuple[str, Any]]:
+    """The (name, zarr array) pairs of a store, from its metadata alone."""
     import zarr
 
     try:
-        group = zarr.open_group(path, mode="r")
-        arrays = list(group.arrays())
+        group = zarr.open_group(path, mode="r", use_consolidated=False)  # as xarray reads it
+        return [(str(name), arr) for name, arr in group.arrays()]
     except Exception as err:
         raise CorruptFileError(path, "file", "a readable zarr store", first_line(err)
                                ) from None
+
+
+def _check_zarr_chunks(path: Path, arrays: list[tuple[str, Any]], strict: bool) -> None:
+    """Every chunk of every array stored (a missing chunk reads as the fill value); of float
+    arrays only when not `strict` (stores of format 1 left out chunks equal to the fill value,
+    which for floats is NaN, never in a run)."""
     for name, arr in arrays:
         if arr.size == 0 or not (strict or arr.dtype.kind in "fc"):
             continue

@@ -342,7 +342,8 @@ def check_states(states: np.ndarray, model: Model, where: Any) -> None:
     bad = int(np.sum(~np.isfinite(states)))
     if bad:
         raise CorruptFileError(where, "states", "finite entries", f"{bad} non-finite")
-    norms = np.linalg.norm(states, axis=-1)
+    with np.errstate(over="ignore"):  # 1e300 entries: an infinite norm, refused below
+        norms = np.linalg.norm(states, axis=-1)
     if model.manifold == SPHERE:
         tol = model.manifold.tolerance(states.dtype)
         off = float(np.max(np.abs(norms - 1.0)))
