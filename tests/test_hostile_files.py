@@ -376,3 +376,109 @@ def test_opening_reads_no_states(tmp_path):
     assert final.shape == (n, 3) and np.allclose(final, 1 / np.sqrt(3))
     assert psutil.Process().memory_info().rss - rss < 60 * 2**20  # one time: 2.4 MB
     assert "runs=1, n=100000" in repr(traj)
+
+
+# ---------------------------------------------------------------- interrupted saves
+_SERVER = r"""
+import os, random, signal, sys, time
+import numpy as np
+import attnflow as af
+
+def run(seed, T=20, n=5000):
+    x = np.random.default_rng(seed).standard_normal((T, n, 3))
+    x /= np.linalg.norm(x, axis=-1, keepdims=True)
+    return af.Trajectory(times=np.arange(T, dtype=float), states=x,
+                         model=af.Attention(beta=1.0), integrator={"method": "rk4"}, seed=seed)
+
+new = run(2)
+for line in sys.stdin:
+    path, signum, delay = line.split()
+    if signum == "0":  # an uninterrupted save, timed
+        start = time.perf_counter()
+        new.save(path)
+        print(0, time.perf_counter() - start, flush=True)
+        continue
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the child saves; SIGINT's KeyboardInterrupt ends it with 130
+        try:
+            new.save(path)
+        except KeyboardInterrupt:
+            os._exit(130)
+        os._exit(0)
+    time.sleep(float(delay))
+    os.kill(pid, int(signum))
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), time.perf_counter() - start, flush=True)
+"""
+
+
+def _run_states(seed: int, T: int = 20, n: int = 5000) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((T, n, 3))
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+@pytest.mark.timeout(120)
+def test_saves_killed_at_random_points_never_pass_for_complete(tmp_path):
+    """SIGINT, SIGTERM and SIGKILL at random points of a save over an existing run: the
+    target then loads complete, old or new; no temporary ever loads; SIGINT is never
+    swallowed (the child exits 130, or 0 only when the new run is in place)."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    old, new = _run_states(1), _run_states(2)
+    env = {**os.environ, "PYTHONPATH": str(Path(af.__file__).parents[1]),
+           "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)
+    rng = np.random.default_rng(44)
+    outcomes = []
+    try:
+        took = {}
+        for suffix in (".nc", ".zarr") * 2:  # the second time without the imports
+            server.stdin.write(f"{tmp_path / ('timed' + suffix)} 0 0\n")
+            server.stdin.flush()
+            took[suffix] = float(server.stdout.readline().split()[1])
+        first = {suffix: af.Trajectory(
+            times=np.arange(20.0), states=old, model=af.Attention(beta=1.0),
+            integrator={"method": "rk4"}, seed=1).save(tmp_path / f"old{suffix}")
+            for suffix in (".nc", ".zarr")}
+        for trial in range(12):
+            suffix = (".nc", ".zarr")[trial % 2]
+            signum = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)[trial % 3]
+            folder = tmp_path / f"trial{trial}"
+            path = folder / f"run{suffix}"
+            folder.mkdir()
+            (shutil.copytree if suffix == ".zarr" else shutil.copy)(first[suffix], path)
+            delay = rng.uniform(0.0, 1.2 * took[suffix])
+            server.stdin.write(f"{path} {int(signum)} {delay}\n")
+            server.stdin.flush()
+            code = int(server.stdout.readline().split()[0])
+            back = af.load(path)
+            assert back.seed in (1, 2)
+            assert np.array_equal(back.states, old if back.seed == 1 else new)
+            expected = {signal.SIGINT: (130, 0), signal.SIGTERM: (-15, 0),
+                        signal.SIGKILL: (-9, 0)}[signum]
+            assert code in expected, (trial, code)
+            if code == 0:
+                assert back.seed == 2  # finished before the signal
+            for other in folder.iterdir():
+                if other.name.startswith("."):
+                    # SIGINT and SIGTERM remove the temporary (an old output being deleted
+                    # when the signal came may remain, without its metadata)
+                    assert signum == signal.SIGKILL or other.name.endswith(".old"), other
+                    try:
+                        left = af.load(other)
+                        assert left.seed == 2 and np.array_equal(left.states, new), other
+                        # complete: SIGKILL between the renames of the replace (the old
+                        # output, recovered by the load above, is the target)
+                    except ValueError:
+                        continue
+            outcomes.append((back.seed, code))
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+    assert {seed for seed, _ in outcomes} == {1, 2}  # some cut short, some finished
+    assert any(code not in (0,) for _, code in outcomes)

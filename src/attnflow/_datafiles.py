@@ -196,43 +196,48 @@ def _check_regular(path: Path, where: Path, expected: str, directory: bool = Fal
 def _inspect_hdf5(path: Path, max_bytes: int | None) -> None:
     """Refuse links to other files, external storage, virtual datasets and declared sizes
     over the budget, reading only the HDF5 metadata."""
-    import h5py
 
     size = os.stat(path).st_size
     if max_bytes is not None and size > max_bytes:
         _over_budget(path, "file", size, max_bytes)
     try:
-        f = h5py.File(path, "r")
-    except Exception as err:  # not HDF5, truncated: not a readable file
+        declared = _hdf5_datasets(path)
+    except CorruptFileError:
+        raise
+    except Exception as err:  # not HDF5, truncated, a damaged header: not a readable file
         raise CorruptFileError(path, "file", "a readable netcdf file", first_line(err)
                                ) from None
-    declared: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-    with f:
+    _check_budget(path, declared, max_bytes)
+
+def _hdf5_datasets(path: Path) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """{name: (shape, dtype)} of every dataset, refusing any link but a hard one, external
+    storage and virtual datasets."""
+    import h5py
+
+    declared: dict[str, tuple[tuple[int, ...], Any]] = {}
+    with h5py.File(path, "r") as f:
         groups = [("", f)]
         while groups:
             prefix, group = groups.pop()
             for name in group:
-                full = f"{prefix}/{name}"
+                full = f"{prefix}/{name}".lstrip("/")
                 link = group.get(name, getlink=True)
                 if not isinstance(link, h5py.HardLink):
-                    raise CorruptFileError(path, full.lstrip("/"), "an object stored in this "
-                                           "file", f"an HDF5 {type(link).__name__} (to "
-                                           "another file or name)")
+                    raise CorruptFileError(path, full, "an object stored in this file",
+                                           f"an HDF5 {type(link).__name__} (to another file "
+                                           "or name)")
                 obj = group[name]
                 if isinstance(obj, h5py.Group):
                     groups.append((full, obj))
-                    continue
-                if not isinstance(obj, h5py.Dataset):
-                    continue
-                if obj.external:
-                    raise CorruptFileError(path, full.lstrip("/"), "data stored in this file",
-                                           "HDF5 external storage (bytes of another file)")
-                if obj.is_virtual:
-                    raise CorruptFileError(path, full.lstrip("/"), "data stored in this file",
-                                           "an HDF5 virtual dataset (data of other files)")
-                declared[full.lstrip("/")] = (obj.shape or (), obj.dtype)
-    _check_budget(path, declared, max_bytes)
-
+                elif isinstance(obj, h5py.Dataset):
+                    if obj.external:
+                        raise CorruptFileError(path, full, "data stored in this file",
+                                               "HDF5 external storage (bytes of another file)")
+                    if obj.is_virtual:
+                        raise CorruptFileError(path, full, "data stored in this file", "an "
+                                               "HDF5 virtual dataset (data of other files)")
+                    declared[full] = (obj.shape or (), obj.dtype)
+    return declared
 
 def _inspect_zarr_tree(path: Path, max_bytes: int | None) -> None:
     """Every entry of the store is a regular file or a directory, not a link or a special
@@ -253,7 +258,6 @@ def _inspect_zarr_tree(path: Path, max_bytes: int | None) -> None:
     if max_bytes is not None and metadata > max_bytes:
         _over_budget(path, "metadata", metadata, max_bytes)
 
-
 def _check_budget(path: Path, declared: dict[str, tuple[tuple[int, ...], Any]],
                   max_bytes: int | None) -> None:
     if max_bytes is None or not declared:
@@ -270,11 +274,9 @@ def _check_budget(path: Path, declared: dict[str, tuple[tuple[int, ...], Any]],
             f"{size_text(total)} declared in all, {largest} {tuple(shape)} of "
             f"{np.dtype(dtype)}")
 
-
 def _over_budget(path: Path, field: str, size: int, max_bytes: int) -> None:
     raise CorruptFileError(path, field, f"at most max_bytes = {size_text(max_bytes)} (pass a "
                            "larger max_bytes to read it)", size_text(size))
-
 
 def _zarr_arrays(path: Path) -> list[tuple[str, Any]]:
     """The (name, zarr array) pairs of a store, from its metadata alone."""
@@ -287,7 +289,6 @@ def _zarr_arrays(path: Path) -> list[tuple[str, Any]]:
         raise CorruptFileError(path, "file", "a readable zarr store", first_line(err)
                                ) from None
 
-
 def _check_zarr_chunks(path: Path, arrays: list[tuple[str, Any]], strict: bool) -> None:
     """Every chunk of every array stored (a missing chunk reads as the fill value); of float
     arrays only when not `strict` (stores of format 1 left out chunks equal to the fill value,
@@ -299,7 +300,6 @@ def _check_zarr_chunks(path: Path, arrays: list[tuple[str, Any]], strict: bool) 
         if stored < total:
             raise CorruptFileError(path, name, f"all {total} chunks stored (a missing chunk "
                                    "reads as NaN)", f"{stored} of them")
-
 
 def _check_marker(path: Path, ds: xr.Dataset, record_attr: str) -> None:
     held = ds.attrs.get(MARKER_ATTR)

@@ -26,6 +26,7 @@ import secrets
 import shutil
 import signal
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,13 +77,20 @@ def recover(path: str | os.PathLike) -> None:
         os.replace(old, path)
 
 
-def remove_tree(path: Path) -> None:
+def remove_tree(path: Path, settle: float = 0.05, patience: float = 2.0) -> None:
     """Delete a directory, its root metadata first, so that a deletion cut short never leaves
-    a store that opens."""
+    a store that opens. A writer interrupted in the main thread may still have writes in
+    flight in its own threads (zarr's event loop): the deletion is repeated until the path
+    has stayed absent for `settle` seconds (for at most `patience` seconds)."""
     for name in _ROOT_METADATA:
         with contextlib.suppress(OSError):
             (path / name).unlink()
-    shutil.rmtree(path, ignore_errors=True)
+    deadline = time.monotonic() + patience
+    while True:
+        shutil.rmtree(path, ignore_errors=True)
+        time.sleep(settle if time.monotonic() < deadline else 0)
+        if not os.path.lexists(path) or time.monotonic() >= deadline:
+            return
 
 
 def check_space(path: str | os.PathLike, nbytes: int) -> None:
@@ -170,7 +178,14 @@ def _replace(src: Path, dst: Path) -> None:
         if old.exists():  # a leftover beside a complete dst: garbage
             remove_tree(old)
         os.replace(dst, old)
-        os.replace(src, dst)
-        remove_tree(old)
+        try:
+            os.replace(src, dst)
+        except BaseException:  # interrupted between the renames: the old output back
+            if not os.path.lexists(dst):
+                os.replace(old, dst)
+            raise
+        finally:
+            if os.path.lexists(dst):  # also when a signal cuts the deletion short
+                remove_tree(old)
     else:
         os.replace(src, dst)
