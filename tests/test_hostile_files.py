@@ -117,9 +117,18 @@ def test_a_mask_path_in_the_record_is_never_opened(tmp_path, monkeypatch, fifo):
 
 
 def test_an_array_mask_travels_inside_the_file(tmp_path):
-    traj = _traj(mask=np.tril(np.ones((6, 6), bool)))
-    back = af.load(traj.save(tmp_path / "m.nc"))
-    assert np.array_equal(back.model.attention.mask, np.tril(np.ones((6, 6), bool)))
+    mask = np.tril(np.ones((6, 6), bool))
+    traj = _traj(mask=mask)
+    path = traj.save(tmp_path / "m.nc")
+    with xr.open_dataset(path, engine="h5netcdf") as ds:  # a variable, not JSON text
+        assert np.array_equal(ds["mask"].values, mask)
+        assert json.loads(ds.attrs["attnflow"])["model"]["mask"] == {"array": "mask"}
+    assert np.array_equal(af.load(path).model.attention.mask, mask)
+    # the nested lists of earlier versions still read
+    ds = traj.to_xarray().drop_vars("mask")
+    ds = _record(ds, model={**json.loads(ds.attrs["attnflow"])["model"],
+                            "mask": {"array": mask.astype(int).tolist()}})
+    assert np.array_equal(af.load(_forge(ds, tmp_path / "m1.nc")).model.attention.mask, mask)
 
 
 @pytest.mark.parametrize("suffix", [".nc", ".zarr"])

@@ -83,21 +83,32 @@ def is_lower_triangular(mask: MaskSpec) -> bool:
     return mask != "full"
 
 
-def mask_to_record(mask: MaskSpec) -> Any:
-    """A JSON-friendly record of a mask spec (arrays as nested lists of bools)."""
+def mask_to_record(mask: MaskSpec, arrays: dict[str, np.ndarray] | None = None) -> Any:
+    """A JSON-friendly record of a mask spec. An array goes into `arrays` as "mask" (saved
+    as a variable of the file) and the record names it, {"array": "mask"}; without
+    `arrays`, as nested lists of 0 and 1 (the form of earlier versions)."""
     if isinstance(mask, np.ndarray):
+        if arrays is not None:
+            arrays["mask"] = mask
+            return {"array": "mask"}
         return {"array": mask.astype(int).tolist()}
     if isinstance(mask, tuple):
         return list(mask)
     return mask
 
 
-def mask_from_record(rec: Any) -> MaskSpec:
+def mask_from_record(rec: Any, arrays: dict[str, np.ndarray] | None = None) -> MaskSpec:
     """Inverse of `mask_to_record`. Only what a record holds is read: a named mask
-    ("causal", "full"), a window or an array; a text that names a file (``FILE.npy``) is
-    refused, so that a saved run never makes its reader open another file."""
+    ("causal", "full"), a window or an array (in `arrays`, or as nested lists); a text that
+    names a file (``FILE.npy``) is refused, so that a saved run never makes its reader open
+    another file."""
     if isinstance(rec, dict) and "array" in rec:
-        arr = np.asarray(rec["array"])
+        held = rec["array"]
+        if isinstance(held, str):
+            if held not in (arrays or {}):
+                raise fail("mask", "an array of the record's arrays", repr(held)[:80])
+            held = arrays[held]
+        arr = np.asarray(held)
         if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.dtype.kind not in "biu":
             raise fail("mask", "a square (n, n) array of 0 and 1", describe(arr))
         return arr.astype(bool)
