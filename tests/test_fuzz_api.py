@@ -163,11 +163,8 @@ def _bad_files(tmp: Path) -> dict[str, Path]:
 
 def test_loading_what_is_not_a_run_names_the_file(tmp_path):
     for kind, path in _bad_files(tmp_path).items():
-        # "path: expected a run ..., received FILE, ..." for a readable file that is not a
-        # run; "FILE: file: expected a readable ... file, ..." for an unreadable one
-        with pytest.raises(ValueError, match=rf"^(path: expected a run written by attnflow .*"
-                           rf"received {re.escape(str(path))}|{re.escape(str(path))}: file: "
-                           rf"expected a readable)") as info:
+        with pytest.raises(ValueError, match=rf"^path: expected a run written by attnflow .*"
+                           rf"received {re.escape(str(path))}") as info:
             af.load(path)
         assert "\n" not in str(info.value), kind
     with pytest.raises(ValueError, match=r"received .*sweep\.zarr, a sweep store"):

@@ -165,7 +165,7 @@ def test_a_size_bomb_is_refused_before_reading(tmp_path):
     assert path.stat().st_size < 10 * 2**20
     _refused(path, "states", what="max_bytes = 8 GiB")
     _refused(path, "states", what="max_bytes = 100 MiB", max_bytes=100 * 2**20)
-    _refused(path, "file", what="max_bytes = 1 MiB", max_bytes=2**20)  # the file's own size
+    _refused(path, "path", what="max_bytes = 1 MiB", max_bytes=2**20)  # the file's own size
 
 
 def test_a_zarr_size_bomb_is_refused_before_reading(tmp_path):

@@ -112,21 +112,21 @@ def marker(ds: xr.Dataset, record_attr: str) -> str:
 
 
 # ---------------------------------------------------------------------------- opening
-def open_dataset(path: Path, kind: str, record_attr: str, max_bytes: int | None = MAX_BYTES
-                 ) -> xr.Dataset:
+def open_dataset(path: Path, kind: str, record_attr: str, expected: str,
+                 max_bytes: int | None = MAX_BYTES) -> xr.Dataset:
     """The Dataset at an existing `path` of `kind`, lazily, after the checks of the module
-    docstring; CorruptFileError naming the file and field otherwise. `max_bytes` None: no
-    budget."""
+    docstring; CorruptFileError naming the file and field otherwise (`expected`: what the
+    file should be, for the errors about the whole file). `max_bytes` None: no budget."""
     import xarray as xr
 
     recover(path)
     if kind == "netcdf":
-        _check_regular(path, path, "a regular file (a netCDF file)")
-        _inspect_hdf5(path, max_bytes)
+        _check_regular(path, expected)
+        _inspect_hdf5(path, max_bytes, expected)
     else:
-        _check_regular(path, path, "a directory (a Zarr store)", directory=True)
+        _check_regular(path, expected, directory=True)
         _inspect_zarr_tree(path, max_bytes)
-        arrays = _zarr_arrays(path)
+        arrays = _zarr_arrays(path, expected)
         _check_budget(path, {n: (a.shape, a.dtype) for n, a in arrays}, max_bytes)
     try:
         if kind == "netcdf":
@@ -135,8 +135,7 @@ def open_dataset(path: Path, kind: str, record_attr: str, max_bytes: int | None 
             ds = xr.open_dataset(path, engine="zarr", consolidated=False, chunks=None,
                                  cache=False)
     except Exception as err:  # any reader failure: not a readable file of this kind
-        raise CorruptFileError(path, "file", f"a readable {kind} file", first_line(err)
-                               ) from None
+        raise unreadable(path, expected, err) from None
     if record_attr in ds.attrs and (FORMAT_ATTR in ds.attrs or MARKER_ATTR in ds.attrs):
         _check_marker(path, ds, record_attr)
     if kind == "zarr":
@@ -170,6 +169,12 @@ def strip_attrs(ds: xr.Dataset) -> None:
         ds.attrs.pop(name, None)
 
 
+def unreadable(path: Path, expected: str, err: BaseException) -> CorruptFileError:
+    """The error for a file that cannot be read as `expected`: one line, the reader's error's
+    first line in it."""
+    return CorruptFileError(path, "path", expected, f"which cannot be read ({first_line(err)})")
+
+
 def first_line(err: BaseException) -> str:
     """The exception as 'Type: first line of its message' (for one-line error messages)."""
     text = str(err).strip().splitlines()
@@ -185,28 +190,29 @@ def _kind_of(mode: int) -> str:
     return "a special file"
 
 
-def _check_regular(path: Path, where: Path, expected: str, directory: bool = False) -> None:
-    """`where` (the path given, links followed) is a regular file, or a directory."""
-    mode = os.stat(where).st_mode
-    ok = stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)
-    if not ok:
-        raise CorruptFileError(path, "path", expected, f"{_kind_of(mode)}")
+def _check_regular(path: Path, expected: str, directory: bool = False) -> None:
+    """The path (links followed) is a regular file, or a directory: anything else is refused
+    before it is opened."""
+    mode = os.stat(path).st_mode
+    if not (stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)):
+        want = "a directory" if directory else "a regular file"
+        raise CorruptFileError(path, "path", expected, f"which cannot be read ({_kind_of(mode)}"
+                               f", not {want})")
 
 
-def _inspect_hdf5(path: Path, max_bytes: int | None) -> None:
+def _inspect_hdf5(path: Path, max_bytes: int | None, expected: str) -> None:
     """Refuse links to other files, external storage, virtual datasets and declared sizes
     over the budget, reading only the HDF5 metadata."""
 
     size = os.stat(path).st_size
     if max_bytes is not None and size > max_bytes:
-        _over_budget(path, "file", size, max_bytes)
+        _over_budget(path, "path", size, max_bytes)
     try:
         declared = _hdf5_datasets(path)
     except CorruptFileError:
         raise
     except Exception as err:  # not HDF5, truncated, a damaged header: not a readable file
-        raise CorruptFileError(path, "file", "a readable netcdf file", first_line(err)
-                               ) from None
+        raise unreadable(path, expected, err) from None
     _check_budget(path, declared, max_bytes)
 
 def _hdf5_datasets(path: Path) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -256,7 +262,7 @@ def _inspect_zarr_tree(path: Path, max_bytes: int | None) -> None:
             if name in ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"):
                 metadata += os.lstat(entry).st_size
     if max_bytes is not None and metadata > max_bytes:
-        _over_budget(path, "metadata", metadata, max_bytes)
+        _over_budget(path, "path", metadata, max_bytes)
 
 def _check_budget(path: Path, declared: dict[str, tuple[tuple[int, ...], Any]],
                   max_bytes: int | None) -> None:
@@ -278,7 +284,7 @@ def _over_budget(path: Path, field: str, size: int, max_bytes: int) -> None:
     raise CorruptFileError(path, field, f"at most max_bytes = {size_text(max_bytes)} (pass a "
                            "larger max_bytes to read it)", size_text(size))
 
-def _zarr_arrays(path: Path) -> list[tuple[str, Any]]:
+def _zarr_arrays(path: Path, expected: str) -> list[tuple[str, Any]]:
     """The (name, zarr array) pairs of a store, from its metadata alone."""
     import zarr
 
@@ -286,8 +292,7 @@ def _zarr_arrays(path: Path) -> list[tuple[str, Any]]:
         group = zarr.open_group(path, mode="r", use_consolidated=False)  # as xarray reads it
         return [(str(name), arr) for name, arr in group.arrays()]
     except Exception as err:
-        raise CorruptFileError(path, "file", "a readable zarr store", first_line(err)
-                               ) from None
+        raise unreadable(path, expected, err) from None
 
 def _check_zarr_chunks(path: Path, arrays: list[tuple[str, Any]], strict: bool) -> None:
     """Every chunk of every array stored (a missing chunk reads as the fill value); of float

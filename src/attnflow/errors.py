@@ -22,10 +22,14 @@ class NonFiniteStateError(FloatingPointError):
 class CorruptFileError(ValueError):
     """Raised by the loaders for a file that is not a complete, consistent attnflow file, or
     that asks to read something other than itself; one line naming the file and the field:
-    ``FILE: FIELD: expected ..., received ...``."""
+    ``FILE: FIELD: expected ..., received ...``, or for the file as a whole (unreadable, a
+    special file, over the size budget) ``path: expected ..., received FILE, ...``."""
 
     def __init__(self, path: object, field: str, expected: str, received: object):
         self.path = str(path)
         self.field = field
-        super().__init__(f"{path}: {field}: expected {expected}, received "
-                         f"{' '.join(str(received).split())}")
+        received = " ".join(str(received).split())
+        if field == "path":  # the file as a whole: the form of every bad argument
+            super().__init__(f"path: expected {expected}, received {path}, {received}")
+        else:
+            super().__init__(f"{path}: {field}: expected {expected}, received {received}")

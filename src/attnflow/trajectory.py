@@ -224,7 +224,7 @@ def load(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> Trajecto
         raise FileNotFoundError(f"path: no trajectory at {path}")
 
     expected = f"a run written by attnflow (Trajectory.save, attnflow simulate) as {kind}"
-    ds = open_dataset(path, kind, "attnflow", max_bytes)
+    ds = open_dataset(path, kind, "attnflow", expected, max_bytes)
     if "attnflow" not in ds.attrs:
         what = ("a sweep store (open it with xarray.open_zarr)" if "attnflow_sweep" in ds.attrs
                 else "a dataset without the 'attnflow' record")

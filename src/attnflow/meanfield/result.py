@@ -123,7 +123,7 @@ def load(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> MeanFiel
     if not path.exists():
         raise FileNotFoundError(f"path: no mean-field result at {path}")
     expected = f"a mean-field result written by attnflow (MeanFieldResult.save) as {kind}"
-    ds = open_dataset(path, kind, "attnflow_meanfield", max_bytes)
+    ds = open_dataset(path, kind, "attnflow_meanfield", expected, max_bytes)
     if "attnflow_meanfield" not in ds.attrs:
         raise fail("path", expected, f"{path}, a dataset without the 'attnflow_meanfield' "
                    "record")

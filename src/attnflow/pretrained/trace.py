@@ -42,11 +42,11 @@ import numpy as np
 from attnflow._checks import describe, fail, finite_array
 from attnflow._datafiles import (
     MAX_BYTES,
-    first_line,
     open_dataset,
     parse_record,
     save_dataset,
     strip_attrs,
+    unreadable,
 )
 from attnflow._files import recover
 from attnflow.errors import CorruptFileError
@@ -151,14 +151,8 @@ def load_trace(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> An
     recover(path)
     if not path.exists():
         raise FileNotFoundError(f"path: no trace at {path}")
-    try:
-        ds = open_dataset(path, "zarr", "attnflow_trace", max_bytes)
-    except CorruptFileError as err:
-        if err.field not in ("file", "path"):
-            raise
-        raise fail("path", "a trace written by save_trace (a Zarr store)",
-                   f"{path}, which cannot be read ({str(err).split('received ', 1)[-1]})"
-                   ) from None
+    ds = open_dataset(path, "zarr", "attnflow_trace",
+                      "a trace written by save_trace (a Zarr store)", max_bytes)
     if "attnflow_trace" not in ds.attrs or "tokens" not in ds:
         raise fail("path", "a trace written by save_trace", f"{path}, another dataset")
     parse_record(path, ds, "attnflow_trace")
@@ -166,8 +160,7 @@ def load_trace(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> An
     try:
         ds = ds.load()
     except Exception as err:  # a chunk that cannot be decoded
-        raise CorruptFileError(path, "file", "a readable zarr store", first_line(err)
-                               ) from None
+        raise unreadable(path, "a trace written by save_trace (a Zarr store)", err) from None
     strip_attrs(ds)
     _register_accessor()
     return ds
