@@ -113,10 +113,12 @@ def marker(ds: xr.Dataset, record_attr: str) -> str:
 
 # ---------------------------------------------------------------------------- opening
 def open_dataset(path: Path, kind: str, record_attr: str, expected: str,
-                 max_bytes: int | None = MAX_BYTES) -> xr.Dataset:
+                 max_bytes: int | None = MAX_BYTES, indexes: bool = True) -> xr.Dataset:
     """The Dataset at an existing `path` of `kind`, lazily, after the checks of the module
     docstring; CorruptFileError naming the file and field otherwise (`expected`: what the
-    file should be, for the errors about the whole file). `max_bytes` None: no budget."""
+    file should be, for the errors about the whole file). `max_bytes` None: no budget.
+    `indexes` False: no pandas indexes for the dimension coordinates (they would be read at
+    opening, the token numbers of a 10^6-token run included)."""
     import xarray as xr
 
     recover(path)
@@ -129,11 +131,11 @@ def open_dataset(path: Path, kind: str, record_attr: str, expected: str,
         arrays = _zarr_arrays(path, expected)
         _check_budget(path, {n: (a.shape, a.dtype) for n, a in arrays}, max_bytes)
     try:
+        lazy = {"cache": False, "create_default_indexes": indexes}
         if kind == "netcdf":
-            ds = xr.open_dataset(path, engine="h5netcdf", cache=False)
+            ds = xr.open_dataset(path, engine="h5netcdf", **lazy)
         else:
-            ds = xr.open_dataset(path, engine="zarr", consolidated=False, chunks=None,
-                                 cache=False)
+            ds = xr.open_dataset(path, engine="zarr", consolidated=False, chunks=None, **lazy)
     except Exception as err:  # any reader failure: not a readable file of this kind
         raise unreadable(path, expected, err) from None
     if record_attr in ds.attrs and (FORMAT_ATTR in ds.attrs or MARKER_ATTR in ds.attrs):

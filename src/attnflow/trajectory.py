@@ -224,7 +224,7 @@ def load(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> Trajecto
         raise FileNotFoundError(f"path: no trajectory at {path}")
 
     expected = f"a run written by attnflow (Trajectory.save, attnflow simulate) as {kind}"
-    ds = open_dataset(path, kind, "attnflow", expected, max_bytes)
+    ds = open_dataset(path, kind, "attnflow", expected, max_bytes, indexes=False)
     if "attnflow" not in ds.attrs:
         what = ("a sweep store (open it with xarray.open_zarr)" if "attnflow_sweep" in ds.attrs
                 else "a dataset without the 'attnflow' record")
@@ -339,11 +339,15 @@ def check_states(states: np.ndarray, model: Model, where: Any) -> None:
     """CorruptFileError unless the states are finite, unit vectors for a sphere scheme
     (within the manifold's tolerance) and of finite, non-zero norm where directions are
     read."""
+    if states.ndim > 2 and states.shape[0] > 1:  # time by time: temporaries of one time
+        for one in states:
+            check_states(one, model, where)
+        return
     bad = int(np.sum(~np.isfinite(states)))
     if bad:
         raise CorruptFileError(where, "states", "finite entries", f"{bad} non-finite")
     with np.errstate(over="ignore"):  # 1e300 entries: an infinite norm, refused below
-        norms = np.linalg.norm(states, axis=-1)
+        norms = np.sqrt(np.einsum("...i,...i->...", states, states))
     if model.manifold == SPHERE:
         tol = model.manifold.tolerance(states.dtype)
         off = float(np.max(np.abs(norms - 1.0)))
