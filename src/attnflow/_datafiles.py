@@ -30,6 +30,7 @@ what they need and check it (`attnflow.trajectory.load`). Every refusal is a
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import stat
@@ -131,7 +132,9 @@ def open_dataset(path: Path, kind: str, record_attr: str, expected: str,
         arrays = _zarr_arrays(path, expected)
         _check_budget(path, {n: (a.shape, a.dtype) for n, a in arrays}, max_bytes)
     try:
-        lazy = {"cache": False, "create_default_indexes": indexes}
+        lazy: dict[str, Any] = {"cache": False}
+        if "create_default_indexes" in inspect.signature(xr.open_dataset).parameters:
+            lazy["create_default_indexes"] = indexes  # (xarray >= 2025.7)
         if kind == "netcdf":
             ds = xr.open_dataset(path, engine="h5netcdf", **lazy)
         else:
