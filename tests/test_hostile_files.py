@@ -511,3 +511,17 @@ def test_a_mean_field_result_is_checked_like_a_run(tmp_path):
     ds["real"][1, 0, 2] = np.nan
     path = _datafiles.save_dataset(ds, tmp_path / "nan.zarr", "zarr", "attnflow_meanfield")
     _refused(path, "real, imag", load=load_result, what="finite coefficients")
+
+
+def test_ctrl_c_in_the_cli_exits_130_in_one_line(tmp_path, monkeypatch, capsys):
+    from attnflow.cli import app
+
+    def interrupted(self, path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(af.Trajectory, "save", interrupted)
+    with pytest.raises(SystemExit) as info:
+        app(["simulate", "--n", "4", "--d", "2", "--t-end", "0.1", "--no-progress", "--out",
+             str(tmp_path / "run.nc")], prog_name="attnflow")
+    assert info.value.code == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: interrupted"

@@ -53,6 +53,8 @@ class Commands(TyperGroup):
             fail_line("aborted", 1)
         except INPUT_ERRORS as err:
             fail_line(str(err), BAD_INPUT)
+        if status == INTERRUPTED:  # Ctrl-C, as typer's click reports it (no Abort)
+            fail_line("interrupted", INTERRUPTED)
         sys.exit(status if isinstance(status, int) else 0)
 
 
