@@ -167,8 +167,8 @@ class Trajectory(ShortRepr):
         temporary name beside the target, a completeness marker is written last, and the
         temporary is renamed into place when complete (`attnflow._datafiles.save_dataset`;
         docs/guide/files.md). A Zarr store holds the states in chunks of whole save times
-        (as many as fit in 8 MiB, at least one), so that reading one time reads its own
-        chunk only."""
+        (as many as fit in 8 MiB, at least one; a time over 8 MiB split by tokens), so that
+        reading one time reads its own chunks only."""
         path = Path(path)
         kind = FORMATS.get(path.suffix)
         if kind is None:
@@ -177,9 +177,10 @@ class Trajectory(ShortRepr):
         encoding = None
         if kind == "zarr":
             T, runs, n, d = ds["states"].shape
-            per_time = max(1, runs * n * d * ds["states"].dtype.itemsize)
-            encoding = {"states": {"chunks": (max(1, min(T, CHUNK_BYTES // per_time)), runs, n,
-                                              d)}}
+            per_token = max(1, runs * d * ds["states"].dtype.itemsize)
+            times = max(1, min(T, CHUNK_BYTES // (per_token * n)))
+            tokens = min(n, max(1, CHUNK_BYTES // per_token))  # all, unless one time is large
+            encoding = {"states": {"chunks": (times, runs, tokens, d)}}
         return save_dataset(ds, path, kind, "attnflow", encoding)
 
 
@@ -194,9 +195,10 @@ def _set_states(self: Trajectory, value: Any) -> None:
 
 
 # `states` is a dataclass field whose value a loaded run reads from its file on first use.
-Trajectory.states = property(_get_states, _set_states, doc=Trajectory.__doc__ and (
-    "(T, ..., n, d) token states at the save times (of a loaded run: read from the file, and "
-    "checked, on first use)."))
+Trajectory.states = property(
+    _get_states, _set_states,
+    doc="(T, ..., n, d) token states at the save times (of a loaded run: read from the file, "
+        "and checked, on first use).")
 
 
 def load(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> Trajectory:
