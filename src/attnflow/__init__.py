@@ -56,6 +56,7 @@ _SUBMODULES = ("analysis", "explorer", "family", "kernels", "manifolds", "meanfi
 # The core is imported eagerly (numpy only). `simulate` must be: the submodule of the same name
 # would otherwise shadow the function once anything imports it.
 from attnflow.brownian import BrownianPath  # noqa: E402
+from attnflow.errors import CorruptFileError  # noqa: E402
 from attnflow.family import (  # noqa: E402
     MLP,
     ALiBi,
@@ -73,10 +74,10 @@ from attnflow.savetimes import log_times  # noqa: E402
 from attnflow.simulate import estimate_run, simulate  # noqa: E402
 from attnflow.trajectory import Trajectory, load  # noqa: E402
 
-__all__ = ["__version__", "MLP", "ALiBi", "Attention", "Block", "BrownianPath", "LayerNorm",
-           "NonFiniteStateError", "ProjectionBias", "QKNorm", "RMSNorm", "RoPE", "Stack",
-           "Trajectory", "estimate_run", "load", "log_times", "simulate", *sorted(_EXPORTS),
-           *_SUBMODULES]
+__all__ = ["__version__", "MLP", "ALiBi", "Attention", "Block", "BrownianPath", "CorruptFileError",
+           "LayerNorm", "NonFiniteStateError", "ProjectionBias", "QKNorm", "RMSNorm", "RoPE",
+           "Stack", "Trajectory", "estimate_run", "load", "log_times", "simulate",
+           *sorted(_EXPORTS), *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:

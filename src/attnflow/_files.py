@@ -4,38 +4,61 @@ into place only once complete, so an interrupted write never leaves a half-writt
 The temporary is a hidden name with a random part in the target's folder, and the writer
 creates the file or directory there itself, so it gets the usual permissions (0666 or 0777
 less the umask, e.g. 0644 or 0755), not the 0600 (0700) of `tempfile.mkstemp` (`mkdtemp`).
+
+Interruptions: while a temporary exists, SIGINT and SIGTERM (where their handlers are the
+defaults, in the main thread) raise in the writer, so the temporary is removed; then SIGINT
+goes on as KeyboardInterrupt (exit status 130), even where a C extension swallowed it
+mid-write, and SIGTERM is delivered again to end the process as it would have. SIGKILL
+leaves the temporary: it never passes for complete, because readers require a completeness
+marker that writers add last (`attnflow._datafiles`).
+
+A directory replaces an old one in three renames: old -> ``.NAME.old``, new -> NAME, then the
+old is deleted. A process killed between the first two leaves only ``.NAME.old``:
+`recover` (called by every atomic write and by the loaders) renames it back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import shutil
+import signal
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "consolidating", "write_text"]
+__all__ = ["atomic_path", "check_space", "consolidating", "recover", "remove_tree",
+           "size_text", "write_error", "write_text"]
+
+_ROOT_METADATA = ("zarr.json", ".zgroup", ".zattrs", ".zmetadata")
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived during an atomic write (raised to unwind it; delivered again after)."""
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temporary path beside `path` (hidden, same suffix) for the caller to
     create a file or directory at; when the block ends without error, move it onto `path`
-    (replacing a file, or a directory only once the new one is complete). On error nothing
-    changes at `path` and the temporary is removed."""
+    (replacing a file, or a directory only once the new one is complete). On error or
+    interruption (SIGINT, SIGTERM) nothing changes at `path` and the temporary is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    recover(path)
     tmp = path.with_name(f".{path.stem}.{secrets.token_hex(6)}{path.suffix}")
-    try:
-        yield tmp
-        _replace(tmp, path)
-    finally:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
+    with _interrupts_raise() as caught:
+        try:
+            yield tmp
+            if caught:  # a signal whose exception a C extension swallowed mid-write
+                raise _Terminated if signal.SIGTERM in caught else KeyboardInterrupt
+            _replace(tmp, path)
+        finally:
+            remove_tree(tmp) if tmp.is_dir() else tmp.unlink(missing_ok=True)
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
@@ -44,6 +67,63 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return path
+
+
+def recover(path: str | os.PathLike) -> None:
+    """Rename a lone ``.NAME.old`` (a replace cut between its renames) back to NAME."""
+    path = Path(path)
+    old = _old(path)
+    if old.is_dir() and not os.path.lexists(path):
+        os.replace(old, path)
+
+
+def remove_tree(path: Path, settle: float = 0.05, patience: float = 2.0) -> None:
+    """Delete a directory, its root metadata first, so that a deletion cut short never leaves
+    a store that opens. A writer interrupted in the main thread may still have writes in
+    flight in its own threads (zarr's event loop): the deletion is repeated until the path
+    has stayed absent for `settle` seconds (for at most `patience` seconds)."""
+    for name in _ROOT_METADATA:
+        with contextlib.suppress(OSError):
+            (path / name).unlink()
+    deadline = time.monotonic() + patience
+    while True:
+        shutil.rmtree(path, ignore_errors=True)
+        time.sleep(settle if time.monotonic() < deadline else 0)
+        if not os.path.lexists(path) or time.monotonic() >= deadline:
+            return
+
+
+def check_space(path: str | os.PathLike, nbytes: int) -> None:
+    """OSError (ENOSPC, one line) when the file system of `path` has less free space than
+    `nbytes` plus a margin (5 % and 1 MiB), before anything is written."""
+    path = Path(path)
+    folder = next((p for p in (path.parent, *path.parent.parents) if p.exists()), Path("."))
+    free = shutil.disk_usage(folder).free
+    need = int(nbytes * 1.05) + 2**20
+    if free < need:
+        raise OSError(errno.ENOSPC, f"path: expected room for {size_text(need)} (the data and a "
+                      f"margin), received {path} on a file system with {size_text(free)} free")
+
+
+def write_error(path: Path, err: BaseException) -> OSError | None:
+    """A one-line OSError for a write that failed for lack of space or quota anywhere in the
+    chain of `err` (zarr's asynchronous writers wrap it), else None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return OSError(err.errno, f"path: expected room to write {path}, received "
+                           f"{os.strerror(err.errno).lower()} (nothing was written)")
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def size_text(nbytes: float) -> str:
+    """A byte count in binary units, e.g. '8 GiB', '1.53 MiB'."""
+    unit = 0
+    while nbytes >= 1024 and unit < 4:
+        nbytes, unit = nbytes / 1024, unit + 1
+    return f"{nbytes:.3g} {('B', 'KiB', 'MiB', 'GiB', 'TiB')[unit]}"
 
 
 @contextlib.contextmanager
@@ -56,13 +136,56 @@ def consolidating() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _interrupts_raise() -> Iterator[list[int]]:
+    """While the block runs, SIGINT raises KeyboardInterrupt and SIGTERM `_Terminated`
+    (only where their handlers are Python's defaults, and in the main thread); yield the list
+    of signals caught. Afterwards the handlers are restored, and a caught SIGTERM is
+    delivered again."""
+    caught: list[int] = []
+    installed = {}
+    if threading.current_thread() is threading.main_thread():
+        defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+
+        def handler(signum, frame):
+            caught.append(signum)
+            if signum == signal.SIGTERM:
+                raise _Terminated
+            raise KeyboardInterrupt
+
+        for signum, default in defaults.items():
+            if signal.getsignal(signum) is default:
+                installed[signum] = signal.signal(signum, handler)
+    try:
+        yield caught
+    except _Terminated:
+        pass
+    finally:
+        for signum, previous in installed.items():
+            signal.signal(signum, previous)
+        if signal.SIGTERM in caught:
+            signal.raise_signal(signal.SIGTERM)
+
+
+def _old(path: Path) -> Path:
+    return path.with_name(f".{path.name}.old")
+
+
 def _replace(src: Path, dst: Path) -> None:
     """Move src onto dst; a directory replaces the old one only once src is complete."""
-    if src.is_dir() and dst.exists():
-        old = dst.with_name(f".{dst.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
+    if src.is_dir() and os.path.lexists(dst):
+        old = _old(dst)
+        if old.exists():  # a leftover beside a complete dst: garbage
+            remove_tree(old)
         os.replace(dst, old)
-        os.replace(src, dst)
-        shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.replace(src, dst)
+        except BaseException:  # interrupted between the renames: the old output back
+            if not os.path.lexists(dst):
+                os.replace(old, dst)
+            raise
+        finally:
+            if os.path.lexists(dst):  # also when a signal cuts the deletion short
+                remove_tree(old)
     else:
         os.replace(src, dst)

@@ -1,8 +1,9 @@
-"""The errors the integrators raise beside ValueError (bad input)."""
+"""The errors attnflow raises beside ValueError (bad input): a state that became non-finite
+(the integrators), a file that `load` refuses."""
 
 from __future__ import annotations
 
-__all__ = ["NonFiniteStateError"]
+__all__ = ["CorruptFileError", "NonFiniteStateError"]
 
 
 class NonFiniteStateError(FloatingPointError):
@@ -16,3 +17,19 @@ class NonFiniteStateError(FloatingPointError):
             f"the state became non-finite at t = {t:.6g} in {len(runs)} run(s) "
             f"(batch index): {shown}"
         )
+
+
+class CorruptFileError(ValueError):
+    """Raised by the loaders for a file that is not a complete, consistent attnflow file, or
+    that asks to read something other than itself; one line naming the file and the field:
+    ``FILE: FIELD: expected ..., received ...``, or for the file as a whole (unreadable, a
+    special file, over the size budget) ``path: expected ..., received FILE, ...``."""
+
+    def __init__(self, path: object, field: str, expected: str, received: object):
+        self.path = str(path)
+        self.field = field
+        received = " ".join(str(received).split())
+        if field == "path":  # the file as a whole: the form of every bad argument
+            super().__init__(f"path: expected {expected}, received {path}, {received}")
+        else:
+            super().__init__(f"{path}: {field}: expected {expected}, received {received}")

@@ -15,17 +15,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow._files import atomic_path, consolidating
+from attnflow._datafiles import MAX_BYTES, first_line, open_dataset, parse_record, save_dataset
+from attnflow._files import recover
 from attnflow._repr import Plain, ShortRepr
+from attnflow.errors import CorruptFileError
 from attnflow.family import Model, model_from_record
 from attnflow.manifolds import SPHERE, directions
 
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["Trajectory", "load"]
+__all__ = ["MAX_BYTES", "StatesOnDisk", "Trajectory", "load"]
 
 FORMATS = {".nc": "netcdf", ".zarr": "zarr"}
+CHUNK_BYTES = 8 * 2**20  # a Zarr chunk of states holds whole save times, up to 8 MiB
 
 
 @dataclass(repr=False)
@@ -64,6 +67,7 @@ class Trajectory(ShortRepr):
     version: str = field(default_factory=lambda: _version())
     commit: str | None = field(default_factory=lambda: _commit())
     summaries: dict[str, np.ndarray] | None = None
+    _states: Any = field(init=False, repr=False, compare=False)
 
     def _summary(self) -> dict[str, Any]:
         """What the short repr shows: sizes, the times, the model and how it was run."""
@@ -76,17 +80,17 @@ class Trajectory(ShortRepr):
     @property
     def batch_shape(self) -> tuple[int, ...]:
         """Shape of the leading run axes (empty for a single run)."""
-        return tuple(self.states.shape[1:-2])
+        return tuple(self._states.shape[1:-2])
 
     @property
     def n(self) -> int:
         """Number of tokens."""
-        return self.states.shape[-2]
+        return self._states.shape[-2]
 
     @property
     def d(self) -> int:
         """Ambient dimension."""
-        return self.states.shape[-1]
+        return self._states.shape[-1]
 
     @property
     def directions(self) -> np.ndarray:
@@ -103,12 +107,16 @@ class Trajectory(ShortRepr):
 
     @property
     def final(self) -> np.ndarray:
-        """States at the last save time, (..., n, d)."""
-        return self.states[-1]
+        """States at the last save time, (..., n, d) (of a loaded run: read alone)."""
+        return self._at_index(len(self.times) - 1)
 
     def at(self, t: float) -> np.ndarray:
-        """States at the saved time closest to t, (..., n, d)."""
-        return self.states[int(np.argmin(np.abs(self.times - t)))]
+        """States at the saved time closest to t, (..., n, d) (of a loaded run: read alone)."""
+        return self._at_index(int(np.argmin(np.abs(self.times - t))))
+
+    def _at_index(self, i: int) -> np.ndarray:
+        s = self._states
+        return s.read(i) if isinstance(s, StatesOnDisk) else s[i]
 
     def energy(self, beta: float | None = None, log: bool = False) -> np.ndarray:
         """The interaction energy E_beta of the token directions at every saved time, (T, ...)
@@ -168,86 +176,131 @@ class Trajectory(ShortRepr):
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write to ``.nc`` (netCDF4 via h5netcdf) or ``.zarr``, atomically: the data goes to a
-        temporary name beside the target and is renamed into place when complete."""
+        temporary name beside the target, a completeness marker is written last, and the
+        temporary is renamed into place when complete (`attnflow._datafiles.save_dataset`;
+        docs/guide/files.md). A Zarr store holds the states in chunks of whole save times
+        (as many as fit in 8 MiB, at least one; a time over 8 MiB split by tokens), so that
+        reading one time reads its own chunks only."""
         path = Path(path)
         kind = FORMATS.get(path.suffix)
         if kind is None:
             raise fail("path", f"a file name ending in one of {sorted(FORMATS)}", str(path))
         ds = self.to_xarray()
-        with atomic_path(path) as tmp:
-            if kind == "netcdf":
-                ds.to_netcdf(tmp, engine="h5netcdf")
-            else:
-                with consolidating():
-                    ds.to_zarr(tmp, mode="w", consolidated=True)
-        return path
+        encoding = None
+        if kind == "zarr":
+            T, runs, n, d = ds["states"].shape
+            per_token = max(1, runs * d * ds["states"].dtype.itemsize)
+            times = max(1, min(T, CHUNK_BYTES // (per_token * n)))
+            tokens = min(n, max(1, CHUNK_BYTES // per_token))  # all, unless one time is large
+            encoding = {"states": {"chunks": (times, runs, tokens, d)}}
+        return save_dataset(ds, path, kind, "attnflow", encoding)
 
 
-def load(path: str | os.PathLike) -> Trajectory:
-    """Read a Trajectory written by `Trajectory.save` (netCDF or Zarr).
+def _get_states(self: Trajectory) -> np.ndarray:
+    if isinstance(self._states, StatesOnDisk):
+        self._states = self._states.read()
+    return self._states
 
-    Raises FileNotFoundError for a missing path and ValueError naming the file for anything
-    else that is not such a run (an unreadable or corrupted file, another dataset, a sweep
-    store).
+
+def _set_states(self: Trajectory, value: Any) -> None:
+    self._states = value
+
+
+# `states` is a dataclass field whose value a loaded run reads from its file on first use.
+Trajectory.states = property(
+    _get_states, _set_states,
+    doc="(T, ..., n, d) token states at the save times (of a loaded run: read from the file, "
+        "and checked, on first use).")
+
+
+def load(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> Trajectory:
+    """Open a Trajectory written by `Trajectory.save` (netCDF or Zarr), lazily: the times,
+    the record and the model are read and checked now, the states when first used (all of
+    them on ``.states``; one save time's on ``.final`` and ``.at(t)``), and checked then
+    (finite; unit vectors for sphere schemes; non-zero where directions are read).
+
+    Nothing but the file itself is read: links, external storage, special files and paths in
+    the record are refused (docs/guide/files.md says what is checked and what is not).
+    `max_bytes` bounds the sizes the file declares, checked before anything is read (default
+    `MAX_BYTES`, 8 GiB; None: no bound).
+
+    Raises FileNotFoundError for a missing path, ValueError naming the file for anything that
+    is not such a run (another dataset, a sweep store), and `CorruptFileError` (a ValueError)
+    naming the file and the field for a run file that is unreadable, incomplete (an
+    interrupted save), inconsistent or over the budget.
     """
     path = Path(path)
     kind = FORMATS.get(path.suffix)
     if kind is None:
         raise fail("path", f"a file name ending in one of {sorted(FORMATS)}", str(path))
+    recover(path)
     if not path.exists():
         raise FileNotFoundError(f"path: no trajectory at {path}")
 
     expected = f"a run written by attnflow (Trajectory.save, attnflow simulate) as {kind}"
-    ds = read_dataset(path, kind, expected)
+    ds = open_dataset(path, kind, "attnflow", expected, max_bytes, indexes=False)
     if "attnflow" not in ds.attrs:
         what = ("a sweep store (open it with xarray.open_zarr)" if "attnflow_sweep" in ds.attrs
                 else "a dataset without the 'attnflow' record")
         raise fail("path", expected, f"{path}, {what}")
-    try:
-        return from_xarray(ds)
-    except (KeyError, TypeError, ValueError) as err:
-        raise fail("path", expected, f"{path}, whose record does not match its data "
-                   f"({_first_line(err)})") from None
-
-
-def read_dataset(path: Path, kind: str, expected: str) -> xr.Dataset:
-    """The whole Dataset of an existing file of `kind` ("netcdf": h5netcdf, or "zarr"),
-    loaded into memory; a ValueError naming the file and `expected` when it cannot be read."""
-    import xarray as xr
-
-    try:
-        if kind == "netcdf":
-            with xr.open_dataset(path, engine="h5netcdf") as ds:
-                return ds.load()
-        with xr.open_zarr(path, consolidated=False) as ds:
-            return ds.load()
-    except Exception as err:  # any reader failure: not a readable file of this kind
-        raise fail("path", expected, f"{path}, which cannot be read ({_first_line(err)})"
-                   ) from None
-
-
-def _first_line(err: BaseException) -> str:
-    """The exception as 'Type: first line of its message' (for one-line error messages)."""
-    text = str(err).strip().splitlines()
-    return type(err).__name__ + (f": {text[0]}" if text else "")
+    return _from_dataset(path, ds)
 
 
 def from_xarray(ds: xr.Dataset) -> Trajectory:
-    """Inverse of `Trajectory.to_xarray`."""
-    rec = json.loads(ds.attrs["attnflow"])
-    arrays = {name: ds[name].values for name in ds.data_vars
-              if name != "states" and not name.startswith("summary_")}
-    summaries = {str(name)[len("summary_"):]: ds[name].values for name in ds.variables
-                 if str(name).startswith("summary_")} or None
-    for name, arr in (summaries or {}).items():
-        if name != "time":
-            summaries[name] = arr.reshape(len(arr), *rec["batch_shape"], *arr.shape[2:])
-    model = model_from_record(rec["model"], arrays)
-    states = ds["states"].values
-    T, _, n, d = states.shape
+    """Inverse of `Trajectory.to_xarray` (with the checks of `load`; the states are read
+    when first used)."""
+    return _from_dataset("<dataset>", ds)
+
+
+RECORD_FIELDS: dict[str, tuple[type, ...]] = {
+    "model": (dict,), "integrator": (dict,), "batch_shape": (list,),
+    "seed": (int, type(None)), "n_evals": (int,), "wall_time": (int, float),
+    "version": (str,), "commit": (str, type(None))}
+
+
+def _from_dataset(path: Any, ds: xr.Dataset) -> Trajectory:
+    """The Trajectory of a Dataset written by `Trajectory.to_xarray`, its states lazy."""
+    rec = parse_record(path, ds, "attnflow")
+    for name, types in RECORD_FIELDS.items():
+        if name not in rec and name == "commit":
+            continue
+        value = rec.get(name)
+        if name not in rec or not isinstance(value, types) or isinstance(value, bool):
+            raise CorruptFileError(path, f"attnflow.{name}", " or ".join(
+                "null" if t is type(None) else t.__name__ for t in types),
+                "nothing" if name not in rec else repr(value)[:60])
+    if "states" not in ds.variables:
+        raise CorruptFileError(path, "states", "a variable (time, run, token, coord)", "none")
+    var = ds.variables["states"]
+    if var.dims != ("time", "run", "token", "coord") or var.dtype.kind != "f":
+        raise CorruptFileError(path, "states", "a float variable on (time, run, token, coord)",
+                               f"{var.dtype} on {var.dims}")
+    T, runs, n, d = var.shape
+    batch = rec["batch_shape"]
+    if (not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in batch)
+            or int(np.prod(batch, dtype=object)) != runs):
+        raise CorruptFileError(path, "attnflow.batch_shape", f"integers whose product is the "
+                               f"{runs} runs of states", repr(batch)[:60])
+    if T == 0 or n == 0 or d == 0:
+        raise CorruptFileError(path, "states", "at least one save time, token and coordinate",
+                               f"shape {var.shape}")
+    times = _times(path, ds, T)
+    arrays = {str(k): ds.variables[k].values for k in ds.data_vars
+              if k != "states" and not str(k).startswith("summary_")}
+    summaries = _summaries(ds, batch)
+    try:
+        model = model_from_record(rec["model"], arrays)
+    except Exception as err:  # a record that does not build a model: name the field
+        raise CorruptFileError(path, "attnflow.model", "a model record matching the file's "
+                               "arrays", first_line(err)) from None
+    try:
+        model.check_tokens(np.broadcast_to(np.zeros((), var.dtype), (n, d)), "states")
+    except ValueError as err:
+        raise CorruptFileError(path, "attnflow.model", f"a model for the states' (n, d) = "
+                               f"({n}, {d})", str(err)) from None
     return Trajectory(
-        times=ds["time"].values,
-        states=states.reshape(T, *rec["batch_shape"], n, d),
+        times=times,
+        states=StatesOnDisk(path, var, (T, *batch, n, d), model),
         model=model,
         integrator=rec["integrator"],
         seed=rec["seed"],
@@ -259,6 +312,91 @@ def from_xarray(ds: xr.Dataset) -> Trajectory:
     )
 
 
+def _summaries(ds: xr.Dataset, batch: list[int]) -> dict[str, np.ndarray] | None:
+    """The `summary_*` variables of a run with store="summaries", runs unflattened."""
+    summaries = {str(name)[len("summary_"):]: ds.variables[name].values for name in ds.variables
+                 if str(name).startswith("summary_")}
+    for name, arr in summaries.items():
+        if name != "time":
+            summaries[name] = arr.reshape(len(arr), *batch, *arr.shape[2:])
+    return summaries or None
+
+
+def _times(path: Any, ds: xr.Dataset, T: int) -> np.ndarray:
+    """The stored save times: T finite, strictly increasing numbers."""
+    if "time" not in ds.variables:
+        raise CorruptFileError(path, "time", f"{T} save times (one per state)", "none stored")
+    var = ds.variables["time"]
+    if var.dims != ("time",) or var.dtype.kind not in "fiu":
+        raise CorruptFileError(path, "time", "numbers on dimension time",
+                               f"{var.dtype} on {var.dims}")
+    times = np.asarray(var.values, dtype=float)
+    if not np.all(np.isfinite(times)):
+        raise CorruptFileError(path, "time", "finite save times",
+                               f"{int(np.sum(~np.isfinite(times)))} non-finite")
+    if np.any(np.diff(times) <= 0):
+        i = int(np.argmax(np.diff(times) <= 0))
+        raise CorruptFileError(path, "time", "strictly increasing save times",
+                               f"t[{i}] = {times[i]:g} then t[{i + 1}] = {times[i + 1]:g}")
+    return times
+
+
+class StatesOnDisk:
+    """The states of a loaded run, still in the file: shape and dtype known, values read
+    (and checked: `check_states`) when indexed. `Trajectory.states` reads them all once."""
+
+    def __init__(self, path: Any, variable: Any, shape: tuple[int, ...], model: Model):
+        self.path, self.variable, self.shape, self.model = path, variable, shape, model
+        self.dtype = variable.dtype
+        self.stamp = _stamp(path)
+
+    def read(self, t: int | slice = slice(None)) -> np.ndarray:
+        """The states at save index (or slice) `t`, checked."""
+        if _stamp(self.path) != self.stamp:
+            raise CorruptFileError(self.path, "states", "the file load opened", "a file "
+                                   "replaced since (load it again)")
+        T, *rest = self.shape
+        values = np.asarray(self.variable[t].values)
+        values = values.reshape(*values.shape[:-3], *rest)
+        check_states(values, self.model, self.path)
+        return values
+
+
+def check_states(states: np.ndarray, model: Model, where: Any) -> None:
+    """CorruptFileError unless the states are finite, unit vectors for a sphere scheme
+    (within the manifold's tolerance) and of finite, non-zero norm where directions are
+    read."""
+    if states.ndim > 2 and states.shape[0] > 1:  # time by time: temporaries of one time
+        for one in states:
+            check_states(one, model, where)
+        return
+    with np.errstate(over="ignore", invalid="ignore"):  # 1e300 entries: an infinite norm
+        norms = np.sqrt(np.einsum("...i,...i->...", states, states))
+    if not np.all(np.isfinite(norms)):  # (a pass over the norms, not the entries)
+        bad = int(np.sum(~np.isfinite(states)))
+        if bad:
+            raise CorruptFileError(where, "states", "finite entries", f"{bad} non-finite")
+    if model.manifold == SPHERE:
+        tol = model.manifold.tolerance(states.dtype)
+        off = float(np.max(np.abs(norms - 1.0)))
+        if off > tol:
+            raise CorruptFileError(where, "states", f"unit vectors (|norm - 1| <= {tol:.2g}) "
+                                   "for a sphere scheme", f"norms off 1 by up to {off:.3g}")
+        return
+    reads_directions = any(s is not None and s.unit_inputs
+                           for layer in model.layers for s in (layer.scheme, layer.mlp_scheme))
+    if not np.all(np.isfinite(norms)) or (reads_directions and np.any(norms == 0)):
+        raise CorruptFileError(where, "states", "token vectors of finite, non-zero norm",
+                               f"norms from {norms.min():.3g} to {norms.max():.3g}")
+
+
+def _stamp(path: Any) -> tuple[int, ...] | None:
+    """What identifies the file at `path`: its device, inode and change time."""
+    try:
+        st = os.stat(path)
+    except (OSError, TypeError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_mtime_ns)
 def _version() -> str:
     from attnflow._version import __version__
 

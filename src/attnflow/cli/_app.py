@@ -14,6 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 BAD_INPUT = 2  # exit status of a failure caused by the input
+INTERRUPTED = 130  # exit status after SIGINT (128 + 2, as a shell reports it)
 
 # What bad input raises: the library's ValueError (attnflow._checks.fail), FloatingPointError
 # (attnflow.integrate.NonFiniteStateError) and OSError (missing, unreadable or unwritable
@@ -46,10 +47,14 @@ class Commands(TyperGroup):
             if isinstance(err, _click.UsageError) and where:
                 message += f" (see '{where} --help')"
             fail_line(message, err.exit_code)
-        except typer.Abort:
+        except typer.Abort as err:
+            if isinstance(err.__cause__, KeyboardInterrupt):  # Ctrl-C: the shell's status
+                fail_line("interrupted", INTERRUPTED)
             fail_line("aborted", 1)
         except INPUT_ERRORS as err:
             fail_line(str(err), BAD_INPUT)
+        if status == INTERRUPTED:  # Ctrl-C, as typer's click reports it (no Abort)
+            fail_line("interrupted", INTERRUPTED)
         sys.exit(status if isinstance(status, int) else 0)
 
 

@@ -422,7 +422,7 @@ class SelfAttention:
         meta = {
             "d": self.d,
             "beta": self.beta,
-            "mask": mask_to_record(self.mask),
+            "mask": mask_to_record(self.mask, arrays),
             "combine": self.combine,
             "backend": self.backend,
             "n_heads": len(self.heads),
@@ -455,7 +455,7 @@ class SelfAttention:
         attention = meta.get("attention", "softmax")
         qk = meta.get("qk_norm")
         biases = meta.get("biases")
-        return cls(heads, beta=meta["beta"], mask=mask_from_record(meta["mask"]),
+        return cls(heads, beta=meta["beta"], mask=mask_from_record(meta["mask"], arrays),
                    memory=memory, combine=meta["combine"], backend=meta["backend"],
                    weighting=tuple(attention) if isinstance(attention, list) else attention,
                    encodings=[encoding_from_record(rec, arrays)

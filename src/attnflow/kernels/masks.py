@@ -87,19 +87,39 @@ def is_lower_triangular(mask: MaskSpec) -> bool:
     return mask != "full"
 
 
-def mask_to_record(mask: MaskSpec) -> Any:
-    """A JSON-friendly record of a mask spec (arrays as nested lists of bools)."""
+def mask_to_record(mask: MaskSpec, arrays: dict[str, np.ndarray] | None = None) -> Any:
+    """A JSON-friendly record of a mask spec. An array goes into `arrays` as "mask" (saved
+    as a variable of the file) and the record names it, {"array": "mask"}; without
+    `arrays`, as nested lists of 0 and 1 (the form of earlier versions)."""
     if isinstance(mask, np.ndarray):
+        if arrays is not None:
+            arrays["mask"] = mask
+            return {"array": "mask"}
         return {"array": mask.astype(int).tolist()}
     if isinstance(mask, tuple):
         return list(mask)
     return mask
 
 
-def mask_from_record(rec: Any) -> MaskSpec:
-    """Inverse of `mask_to_record`."""
-    if isinstance(rec, dict):
-        return np.asarray(rec["array"], dtype=bool)
-    if isinstance(rec, list):
-        return ("window", int(rec[1]))
-    return rec
+def mask_from_record(rec: Any, arrays: dict[str, np.ndarray] | None = None) -> MaskSpec:
+    """Inverse of `mask_to_record`. Only what a record holds is read: a named mask
+    ("causal", "full"), a window or an array (in `arrays`, or as nested lists); a text that
+    names a file (``FILE.npy``) is refused, so that a saved run never makes its reader open
+    another file."""
+    if isinstance(rec, dict) and "array" in rec:
+        held = rec["array"]
+        if isinstance(held, str):
+            if held not in (arrays or {}):
+                raise fail("mask", "an array of the record's arrays", repr(held)[:80])
+            held = arrays[held]
+        arr = np.asarray(held)
+        if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.dtype.kind not in "biu":
+            raise fail("mask", "a square (n, n) array of 0 and 1", describe(arr))
+        return arr.astype(bool)
+    if (isinstance(rec, list) and len(rec) == 2 and rec[0] == "window"
+            and isinstance(rec[1], int) and not isinstance(rec[1], bool) and rec[1] >= 1):
+        return ("window", rec[1])
+    if rec in ("causal", "full"):
+        return rec
+    raise fail("mask", "'causal', 'full', ['window', w] or {'array': ...} in a record (a file "
+               "name is never read from a record)", repr(rec)[:80])

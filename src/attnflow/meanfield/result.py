@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow._files import atomic_path, consolidating
+from attnflow._datafiles import MAX_BYTES, first_line, open_dataset, parse_record, save_dataset
+from attnflow._files import recover
 from attnflow._version import __version__, git_commit
+from attnflow.errors import CorruptFileError
 from attnflow.family import Block, model_from_record
 from attnflow.meanfield import sphere
 from attnflow.meanfield.labels import Labels, label_nodes
 from attnflow.meanfield.spectral import to_grid
-from attnflow.trajectory import read_dataset
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -136,43 +137,51 @@ class MeanFieldResult:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write to ``.nc`` (netCDF4 via h5netcdf) or ``.zarr`` atomically (a temporary name
-        beside the target, renamed into place when complete)."""
+        beside the target, a completeness marker last, renamed into place when complete:
+        `attnflow._datafiles.save_dataset`)."""
         path = Path(path)
-        kind = _kind(path)
-        ds = self.to_xarray()
-        with atomic_path(path) as tmp:
-            if kind == "netcdf":
-                ds.to_netcdf(tmp, engine="h5netcdf")
-            else:
-                with consolidating():
-                    ds.to_zarr(tmp, mode="w", consolidated=True)
-        return path
+        return save_dataset(self.to_xarray(), path, _kind(path), "attnflow_meanfield")
 
 
-def load(path: str | os.PathLike) -> MeanFieldResult:
-    """Read a result written by `MeanFieldResult.save`; ValueError naming the file for
+def load(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> MeanFieldResult:
+    """Read a result written by `MeanFieldResult.save`, with the checks of `attnflow.load`
+    (nothing but the file read, declared sizes within `max_bytes`, complete, times finite and
+    increasing, one per saved density, finite coefficients); ValueError naming the file for
     anything else, FileNotFoundError for a missing path."""
     path = Path(path)
     kind = _kind(path)
+    recover(path)
     if not path.exists():
         raise FileNotFoundError(f"path: no mean-field result at {path}")
     expected = f"a mean-field result written by attnflow (MeanFieldResult.save) as {kind}"
-    ds = read_dataset(path, kind, expected)
+    ds = open_dataset(path, kind, "attnflow_meanfield", expected, max_bytes)
     if "attnflow_meanfield" not in ds.attrs:
         raise fail("path", expected, f"{path}, a dataset without the 'attnflow_meanfield' "
                    "record")
-    rec = json.loads(ds.attrs["attnflow_meanfield"])
-    arrays = {name: ds[name].values for name in ds.data_vars if name not in ("real", "imag")}
-    return MeanFieldResult(
-        times=ds["time"].values,
-        coefficients=ds["real"].values + 1j * ds["imag"].values,
-        model=model_from_record(rec["model"], arrays),
-        settings=rec["settings"],
-        resolution_lost_at=rec["resolution_lost_at"],
-        wall_time=rec["wall_time"],
-        version=rec["version"],
-        commit=rec["commit"],
-    )
+    rec = parse_record(path, ds, "attnflow_meanfield")
+    for name in ("real", "imag", "time"):
+        if name not in ds.variables:
+            raise CorruptFileError(path, name, "a variable of the result", "none")
+    try:
+        arrays = {str(k): ds[k].values for k in ds.data_vars if k not in ("real", "imag")}
+        times = np.asarray(ds["time"].values, dtype=float)
+        coefficients = ds["real"].values + 1j * ds["imag"].values
+        result = MeanFieldResult(
+            times=times, coefficients=coefficients,
+            model=model_from_record(rec["model"], arrays), settings=rec["settings"],
+            resolution_lost_at=rec["resolution_lost_at"], wall_time=rec["wall_time"],
+            version=rec["version"], commit=rec["commit"])
+    except Exception as err:  # a record that does not build a result: name the field
+        raise CorruptFileError(path, "attnflow_meanfield", "a record matching the file's "
+                               "arrays", first_line(err)) from None
+    if (times.ndim != 1 or times.size != coefficients.shape[0]
+            or not np.all(np.isfinite(times)) or np.any(np.diff(times) <= 0)):
+        raise CorruptFileError(path, "time", f"{coefficients.shape[0]} finite, increasing "
+                               "save times (one per density)", f"{times.size} times")
+    if not np.all(np.isfinite(coefficients)):
+        raise CorruptFileError(path, "real, imag", "finite coefficients",
+                               f"{int(np.sum(~np.isfinite(coefficients)))} non-finite")
+    return result
 
 
 def check_path(path: str | os.PathLike) -> str:

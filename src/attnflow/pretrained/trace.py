@@ -40,7 +40,16 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import describe, fail, finite_array
-from attnflow._files import atomic_path, consolidating
+from attnflow._datafiles import (
+    MAX_BYTES,
+    open_dataset,
+    parse_record,
+    save_dataset,
+    strip_attrs,
+    unreadable,
+)
+from attnflow._files import recover
+from attnflow.errors import CorruptFileError
 
 __all__ = ["HOOKS", "accumulated_resid", "hook_name", "load_trace", "save_trace",
            "stack_activation", "stacked", "trace", "trace_dataset"]
@@ -123,35 +132,56 @@ def trace_dataset(resid_pre: Any, resid_post: Any, token_ids: Sequence[int], *,
 
 
 def save_trace(ds: Any, path: str | os.PathLike) -> Path:
-    """Write a trace to a ``.zarr`` directory atomically (`attnflow._files.atomic_path`)."""
+    """Write a trace to a ``.zarr`` directory atomically, a completeness marker last
+    (`attnflow._datafiles.save_dataset`)."""
     path = Path(path)
     if path.suffix != ".zarr":
         raise fail("path", "a name ending in .zarr", str(path))
     if "attnflow_trace" not in getattr(ds, "attrs", {}):
         raise fail("ds", "a trace made by trace_dataset", type(ds).__name__)
-    with atomic_path(path) as tmp, consolidating():
-        ds.to_zarr(tmp, mode="w", consolidated=True)
-    return path
+    return save_dataset(ds, path, "zarr", "attnflow_trace")
 
 
-def load_trace(path: str | os.PathLike) -> Any:
-    """Read a trace written by `save_trace`, into memory. A missing path raises
-    FileNotFoundError; anything that is not a trace, a ValueError naming the file."""
-    import xarray as xr
-
+def load_trace(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> Any:
+    """Read a trace written by `save_trace`, into memory, with the checks of `attnflow.load`
+    (nothing but the store read, declared sizes within `max_bytes`, complete) and every
+    layer of every hook present, 0..L-1. A missing path raises FileNotFoundError; anything
+    that is not a trace, a ValueError naming the file (and the field)."""
     path = Path(path)
+    recover(path)
     if not path.exists():
         raise FileNotFoundError(f"path: no trace at {path}")
-    try:
-        with xr.open_zarr(path, consolidated=False) as ds:
-            ds = ds.load()
-    except Exception as err:  # any reader failure: not a readable Zarr store
-        raise fail("path", "a trace written by save_trace (a Zarr store)",
-                   f"{path}, which cannot be read ({type(err).__name__})") from None
+    ds = open_dataset(path, "zarr", "attnflow_trace",
+                      "a trace written by save_trace (a Zarr store)", max_bytes)
     if "attnflow_trace" not in ds.attrs or "tokens" not in ds:
         raise fail("path", "a trace written by save_trace", f"{path}, another dataset")
+    parse_record(path, ds, "attnflow_trace")
+    _check_layers(path, ds)
+    try:
+        ds = ds.load()
+    except Exception as err:  # a chunk that cannot be decoded
+        raise unreadable(path, "a trace written by save_trace (a Zarr store)", err) from None
+    strip_attrs(ds)
     _register_accessor()
     return ds
+
+
+def _check_layers(path: Path, ds: Any) -> None:
+    """Every hook of the trace at layers 0..L-1, L the number of hook_resid_pre layers."""
+    import re
+
+    layers: dict[str, set[int]] = {}
+    for name in map(str, ds.data_vars):
+        m = re.fullmatch(r"blocks\.(\d+)\.(.+)", name)
+        if m and m.group(2) in HOOKS:
+            layers.setdefault(m.group(2), set()).add(int(m.group(1)))
+    L = len(layers.get("hook_resid_pre", ()))
+    for hook in ("hook_resid_pre", "hook_resid_post", *layers):
+        if layers.get(hook, set()) != set(range(L)) or L == 0:
+            missing = sorted(set(range(max(L, 1))) - layers.get(hook, set()))
+            raise CorruptFileError(path, hook_name(missing[0] if missing else L, hook),
+                                   f"every layer 0..{L - 1} of {hook} (a trace's layers "
+                                   "complete)", f"layers {sorted(layers.get(hook, set()))}")
 
 
 def stack_activation(ds: Any, hook: str) -> Any:
