@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from attnflow._array import device_of, dtype_name, is_tensor, namespace, to_numpy
 from attnflow._checks import describe, fail, number, positive
 from attnflow._progress import progress_bar
 from attnflow.brownian import BrownianPath
@@ -22,6 +23,7 @@ from attnflow.integrate import (
     Drift,
     Noise,
     check_solver_args,
+    check_tensor_method,
     integrate,
 )
 from attnflow.kernels import hardmax
@@ -48,6 +50,8 @@ def simulate(
     seed: int | None = None,
     noise: float | None = None,
     brownian_dt: float | None = None,
+    device: Any = None,
+    checkpoint: int | None = None,
 ) -> Trajectory:
     """Integrate the dynamics of `model` from tokens x0 up to time t_end.
 
@@ -88,8 +92,15 @@ def simulate(
         exponential-map variant), in steps of exactly dt. None (default): deterministic.
     brownian_dt : the coarse step of the Brownian path (default dt); dt must be
         brownian_dt / 2^L, and runs with L = 0, 1, 2, ... then refine one path.
+    device : None, or a torch device ("cpu", "cuda", "cuda:1", ...): x0 is moved there as a
+        tensor. A tensor x0 (or a model with tensor parameters) runs on its device without
+        this: "euler", "rk4", "geodesic", "dopri5" and noise step there, recorded by
+        autograd (gradients reach x0 and every tensor parameter); the states are tensors.
+    checkpoint : with tensors and fixed steps: recompute chunks of this many steps in the
+        backward pass (`attnflow.checkpointing`): memory for long runs.
 
-    Returns a Trajectory with states of shape (len(save times), ..., n, d).
+    Returns a Trajectory with states of shape (len(save times), ..., n, d) (numpy arrays, or
+    tensors on the run's device; `Trajectory.save` writes them as numpy).
     Raises ValueError for bad input and `NonFiniteStateError` if a state becomes non-finite.
     """
     if not isinstance(model, (Block, Stack)):
@@ -111,6 +122,8 @@ def simulate(
         raise fail("method", "a method for states in R^d (not 'geodesic', which needs the "
                    "sphere: norm 'post' or 'ngpt')", repr(method))
     pieces = segments(model, t_end)
+    x0 = on_device(model, x0, device)
+    check_tensor_method(x0, method, noise, checkpoint)
     x0 = _initial_tokens(model, x0, normalize)
     sigma = None if noise is None else number("noise", noise, 0.0, expected="sigma >= 0")
     path = level = None
@@ -128,10 +141,14 @@ def simulate(
                       "t = {task.completed:.4g}" + f" / {t_end:g}") as report:
         start = time.perf_counter()
         states, work = _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report,
-                                         model.manifold, sigma, path, level)
+                                         model.manifold, sigma, path, level, checkpoint)
         wall = time.perf_counter() - start
     integrator = {"method": method, "dt": dt, "rtol": rtol, "atol": atol,
                   "n_steps": work["n_steps"], "n_rejected": work["n_rejected"]}
+    if is_tensor(x0):
+        integrator.update(device=device_of(x0), dtype=dtype_name(x0))
+        if checkpoint is not None:
+            integrator["checkpoint"] = int(checkpoint)
     if method in IMPLICIT:
         integrator["n_jacobians"] = work["n_jacobians"]
     if method == EVENTS:
@@ -147,7 +164,7 @@ COUNTS = ("n_evals", "n_steps", "n_rejected", "n_jacobians")  # an integrator's 
 
 
 def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifold, sigma,
-                      path, level) -> tuple[np.ndarray, dict[str, int]]:
+                      path, level, checkpoint=None) -> tuple[np.ndarray, dict[str, int]]:
     """Integrate layer by layer, each piece with its own field, saving at `times`."""
     x = x0
     saved = [x0] if times[0] == 0 else []
@@ -177,12 +194,13 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
                       splitting=layer.splitting(kernel), runs_independent=True)
         runs = int(np.prod(x.shape[:-2], dtype=int))
         sol = integrate(drift, x, stops, method, dt, rtol, atol, report, manifold=manifold,
-                        noise=noise, t0=a, grain=tile_runs(x.dtype, runs))
+                        noise=noise, t0=a, checkpoint=checkpoint,
+                        grain=1 if is_tensor(x) else tile_runs(x.dtype, runs))
         saved.extend(sol.states[: len(inside)])
         x = sol.states[-1]
         for key in COUNTS:
             work[key] += getattr(sol, key)
-    return np.stack(saved), work
+    return namespace(x0).stack(saved), work
 
 
 def _check_hardmax(model: Model, method: str, noise: Any) -> None:
@@ -223,22 +241,80 @@ def _initial_tokens(model: Model, x0: Any, normalize: bool) -> np.ndarray:
     """x0 checked for the model: unit vectors on the sphere (or normalised), non-zero in R^d
     where a sublayer reads directions (any vectors for the flat scheme)."""
     x0 = model.check_tokens(x0, "x0")
-    norms = np.sqrt(inner(x0, x0))[..., 0]
+    norms = namespace(x0).sqrt(inner(x0, x0))
+    host = to_numpy(norms)[..., 0]  # (a tensor's norms are read once, for the checks)
     if model.manifold != SPHERE or normalize:
         directions = normalize or any(
             s is not None and s.unit_inputs
             for layer in model.layers for s in (layer.scheme, layer.mlp_scheme))
-        if directions and np.any(norms == 0):
-            where = np.argwhere(norms == 0)[0]
+        if directions and np.any(host == 0):
+            where = np.argwhere(host == 0)[0]
             raise fail("x0", "non-zero token vectors (their directions are what attention "
                        "reads)", f"a zero vector at index {tuple(int(i) for i in where)}")
-        return x0 / norms[..., None] if normalize else x0
+        return x0 / norms if normalize else x0
     tol = model.manifold.tolerance(x0.dtype)
-    off = float(np.max(np.abs(norms - 1.0)))
+    off = float(np.max(np.abs(host - 1.0)))
     if off > tol:
         raise fail("x0", f"unit vectors (|norm - 1| <= {tol:.2g} in {x0.dtype}; or pass "
                    "normalize=True)", f"norms off 1 by up to {off:.3g}")
     return x0
+
+
+def on_device(model: Model, x0: Any, device: Any) -> Any:
+    """x0 where the run happens: a tensor on `device` when one is named (numpy arrays are
+    converted, tensors moved, both differentiably); a numpy x0 for a model with tensor
+    parameters goes to their device. A tensor x0 on another device than the model's tensor
+    parameters is an error naming both."""
+    params = model_tensors(model)
+    if device is None and not is_tensor(x0) and not params:
+        return x0
+    import torch
+
+    if device is not None:
+        try:
+            target = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise fail("device", "a torch device ('cpu', 'cuda', 'cuda:1', ...) or None",
+                       repr(device)) from None
+    elif is_tensor(x0):
+        target = x0.device
+    else:
+        target = params[0].device
+    if not is_tensor(x0):
+        x0 = np.asarray(x0)
+        x0 = torch.as_tensor(x0 if x0.dtype.kind == "f" else x0.astype(float), device=target)
+    elif x0.device != target:
+        x0 = x0.to(target)
+    other = sorted({str(p.device) for p in params if p.device != x0.device})
+    if other:
+        raise fail("x0", f"tokens on the device of the model's tensor parameters ({other[0]}): "
+                   "move the model's tensors or pass device=", f"a tensor on {x0.device}")
+    return x0
+
+
+def model_tensors(model: Any) -> list[Any]:
+    """The torch tensors among a model's parameters (heads, beta, strength, encodings,
+    norms, MLP weights), found by walking its parts."""
+    found: dict[int, Any] = {}
+    seen: set[int] = set()
+
+    def walk(obj: Any, depth: int) -> None:
+        if depth > 8 or id(obj) in seen or obj is None or isinstance(obj, (str, bytes)):
+            return
+        seen.add(id(obj))
+        if is_tensor(obj):
+            found[id(obj)] = obj
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                walk(item, depth + 1)
+        elif type(obj).__module__.startswith("attnflow"):
+            fields = getattr(obj, "__dict__", {})
+            for name, value in fields.items():
+                if not name.startswith("_"):
+                    walk(value, depth + 1)
+
+    walk(model, 0)
+    return list(found.values())
 
 
 def check_seed(seed: Any) -> int | None:
