@@ -148,7 +148,26 @@ def _with_heads_axis(sdpa: Any, q: Any, k: Any, v: Any, **options: Any) -> Any:
     batch = math.prod(lead)
     q, k, v = (a.expand(*lead, *a.shape[-2:]).reshape(batch, 1, *a.shape[-2:])
                for a in (q, k, v))
-    return sdpa(q, k, v, **options).reshape(*lead, q.shape[-2], v.shape[-1])
+    try:
+        out = sdpa(q, k, v, **options)
+    except NotImplementedError:  # forward-mode AD (torch.func.jvp): SDPA's fused kernels
+        out = _softmax_attention(q, k, v, **options)  # have no JVP; the scores do
+    return out.reshape(*lead, q.shape[-2], v.shape[-1])
+
+
+def _softmax_attention(q: Any, k: Any, v: Any, scale: float, is_causal: bool = False,
+                       attn_mask: Any = None) -> Any:
+    """softmax(scale q k^T + attn_mask) v from the (n, n) scores (SDPA's math, written out)."""
+    import torch
+
+    scores = scale * (q @ k.transpose(-1, -2))
+    if is_causal:
+        n = q.shape[-2]
+        scores = scores.masked_fill(
+            torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), -torch.inf)
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    return torch.softmax(scores, -1) @ v
 
 
 def attend(
