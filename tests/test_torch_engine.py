@@ -150,6 +150,27 @@ def test_tensor_kernel_is_chosen_for_tensors_and_pads_nothing_on_cpu():
         af.Attention(backend="blocked").kernel_for(X)
 
 
+def test_small_heads_padded_inside_the_kernel_give_the_same_output():
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from attnflow.kernels import torch as torch_kernel
+
+    rng = np.random.default_rng(1)
+    q, k, v = (torch.from_numpy(rng.standard_normal((3, 7, 2))) for _ in range(3))
+    for options in ({"is_causal": True, "scale": 5.0}, {"is_causal": False, "scale": 0.5}):
+        plain = torch_kernel._padded(sdpa, q, k, v, pad=False, **options)
+        padded = torch_kernel._padded(sdpa, q, k, v, pad=True, **options)
+        assert padded.shape == plain.shape
+        torch.testing.assert_close(padded, plain, rtol=0, atol=1e-14)
+
+
+def test_sinkhorn_weights_on_tensors_equal_numpy():
+    model = af.Attention(beta=2.0, mask="full", attention="sinkhorn:7")
+    X = uniform((2, N), 3, seed=8)
+    np.testing.assert_allclose(model.field(torch.from_numpy(X)).numpy(), model.field(X),
+                               rtol=0, atol=TOL)
+
+
 @pytest.mark.parametrize("method", ["bdf", "radau", "lsoda"])
 def test_implicit_methods_refuse_tensors_in_one_line(method):
     x0 = torch.from_numpy(uniform((N,), 3, seed=0))

@@ -126,13 +126,15 @@ def _offsets(q: Any, mask: MaskSpec, bias: Any, n: int) -> Any:
     return offsets.masked_fill(~allowed, -torch.inf)
 
 
-def _padded(sdpa: Any, q: Any, k: Any, v: Any, **options: Any) -> Any:
-    """`_with_heads_axis`, with heads narrower than PAD_HEAD padded by zero columns on CUDA
-    (SDPA's fused kernels; the padding changes no score and no value) and the output cut
-    back to v's width."""
+def _padded(sdpa: Any, q: Any, k: Any, v: Any, pad: bool | None = None, **options: Any
+            ) -> Any:
+    """`_with_heads_axis`, with heads narrower than PAD_HEAD padded by zero columns when
+    `pad` (default: on CUDA, for SDPA's fused kernels; the padding changes no score and no
+    value) and the output cut back to v's width."""
     import torch
 
-    if q.device.type != "cuda" or max(q.shape[-1], v.shape[-1]) >= PAD_HEAD:
+    pad = q.device.type == "cuda" if pad is None else pad
+    if not pad or max(q.shape[-1], v.shape[-1]) >= PAD_HEAD:
         return _with_heads_axis(sdpa, q, k, v, **options)
     f = v.shape[-1]
     q, k, v = (torch.nn.functional.pad(a, (0, PAD_HEAD - a.shape[-1])) for a in (q, k, v))
