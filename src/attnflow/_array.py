@@ -22,8 +22,8 @@ import numpy as np
 from attnflow._checks import describe, fail, finite_array
 
 __all__ = ["arange", "check_parameter", "check_tokens", "device_of", "dtype_name", "erf",
-           "is_tensor", "like", "moved", "namespace", "scalar", "sinc",
-           "tensor_scalar", "to_numpy"]
+           "is_tensor", "like", "moved", "namespace", "on_device", "scalar", "sinc",
+           "tensor_scalar", "tensors_of", "to_numpy"]
 
 
 def is_tensor(x: Any) -> bool:
@@ -188,3 +188,60 @@ def tensor_scalar(name: str, value: Any, low: float = -math.inf, low_open: bool 
     if not math.isfinite(v) or v < low or (low_open and v == low):
         raise fail(name, expected, repr(v))
     return value
+
+
+def on_device(x0: Any, device: Any, params: list[Any]) -> Any:
+    """The initial tokens x0 where a run happens: a tensor on `device` when one is named
+    (numpy arrays converted, tensors moved, both differentiably); a numpy x0 beside tensor
+    `params` (a model's, `tensors_of`) goes to their device; otherwise x0 as it is. A tensor
+    x0 on another device than the parameters is an error naming both."""
+    if device is None and not is_tensor(x0) and not params:
+        return x0
+    try:
+        import torch
+    except ImportError:
+        raise fail("device", "None without torch (pip install attnflow[torch])",
+                   repr(device)) from None
+    if device is not None:
+        try:
+            target = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise fail("device", "a torch device ('cpu', 'cuda', 'cuda:1', ...) or None",
+                       repr(device)) from None
+    else:
+        target = x0.device if is_tensor(x0) else params[0].device
+    if not is_tensor(x0):
+        x0 = np.asarray(x0)
+        x0 = torch.as_tensor(x0 if x0.dtype.kind == "f" else x0.astype(float), device=target)
+    elif x0.device != target:
+        x0 = x0.to(target)
+    other = sorted({str(p.device) for p in params if p.device != x0.device})
+    if other:
+        raise fail("x0", f"tokens on the device of the model's tensor parameters ({other[0]}): "
+                   "move the model's tensors or pass device=", f"a tensor on {x0.device}")
+    return x0
+
+
+def tensors_of(obj: Any) -> list[Any]:
+    """The torch tensors among an attnflow object's parameters (a model: heads, beta,
+    strength, encodings, norms, MLP weights), found by walking its public attributes, lists
+    and tuples (private caches, such as stacked copies, are skipped)."""
+    found: dict[int, Any] = {}
+    seen: set[int] = set()
+
+    def walk(item: Any, depth: int) -> None:
+        if depth > 8 or id(item) in seen or item is None or isinstance(item, (str, bytes)):
+            return
+        seen.add(id(item))
+        if is_tensor(item):
+            found[id(item)] = item
+        elif isinstance(item, (list, tuple)):
+            for member in item:
+                walk(member, depth + 1)
+        elif type(item).__module__.startswith("attnflow"):
+            for name, value in getattr(item, "__dict__", {}).items():
+                if not name.startswith("_"):
+                    walk(value, depth + 1)
+
+    walk(obj, 0)
+    return list(found.values())

@@ -9,7 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._array import device_of, dtype_name, is_tensor, namespace, to_numpy
+from attnflow._array import (
+    device_of,
+    dtype_name,
+    is_tensor,
+    namespace,
+    on_device,
+    tensors_of,
+    to_numpy,
+)
 from attnflow._checks import describe, fail, number, positive
 from attnflow._progress import progress_bar
 from attnflow.brownian import BrownianPath
@@ -122,7 +130,7 @@ def simulate(
         raise fail("method", "a method for states in R^d (not 'geodesic', which needs the "
                    "sphere: norm 'post' or 'ngpt')", repr(method))
     pieces = segments(model, t_end)
-    x0 = on_device(model, x0, device)
+    x0 = on_device(x0, device, tensors_of(model))
     check_tensor_method(x0, method, noise, checkpoint)
     x0 = _initial_tokens(model, x0, normalize)
     sigma = None if noise is None else number("noise", noise, 0.0, expected="sigma >= 0")
@@ -258,63 +266,6 @@ def _initial_tokens(model: Model, x0: Any, normalize: bool) -> np.ndarray:
         raise fail("x0", f"unit vectors (|norm - 1| <= {tol:.2g} in {x0.dtype}; or pass "
                    "normalize=True)", f"norms off 1 by up to {off:.3g}")
     return x0
-
-
-def on_device(model: Model, x0: Any, device: Any) -> Any:
-    """x0 where the run happens: a tensor on `device` when one is named (numpy arrays are
-    converted, tensors moved, both differentiably); a numpy x0 for a model with tensor
-    parameters goes to their device. A tensor x0 on another device than the model's tensor
-    parameters is an error naming both."""
-    params = model_tensors(model)
-    if device is None and not is_tensor(x0) and not params:
-        return x0
-    import torch
-
-    if device is not None:
-        try:
-            target = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise fail("device", "a torch device ('cpu', 'cuda', 'cuda:1', ...) or None",
-                       repr(device)) from None
-    elif is_tensor(x0):
-        target = x0.device
-    else:
-        target = params[0].device
-    if not is_tensor(x0):
-        x0 = np.asarray(x0)
-        x0 = torch.as_tensor(x0 if x0.dtype.kind == "f" else x0.astype(float), device=target)
-    elif x0.device != target:
-        x0 = x0.to(target)
-    other = sorted({str(p.device) for p in params if p.device != x0.device})
-    if other:
-        raise fail("x0", f"tokens on the device of the model's tensor parameters ({other[0]}): "
-                   "move the model's tensors or pass device=", f"a tensor on {x0.device}")
-    return x0
-
-
-def model_tensors(model: Any) -> list[Any]:
-    """The torch tensors among a model's parameters (heads, beta, strength, encodings,
-    norms, MLP weights), found by walking its parts."""
-    found: dict[int, Any] = {}
-    seen: set[int] = set()
-
-    def walk(obj: Any, depth: int) -> None:
-        if depth > 8 or id(obj) in seen or obj is None or isinstance(obj, (str, bytes)):
-            return
-        seen.add(id(obj))
-        if is_tensor(obj):
-            found[id(obj)] = obj
-        elif isinstance(obj, (list, tuple)):
-            for item in obj:
-                walk(item, depth + 1)
-        elif type(obj).__module__.startswith("attnflow"):
-            fields = getattr(obj, "__dict__", {})
-            for name, value in fields.items():
-                if not name.startswith("_"):
-                    walk(value, depth + 1)
-
-    walk(model, 0)
-    return list(found.values())
 
 
 def check_seed(seed: Any) -> int | None:
