@@ -3,7 +3,7 @@ torch path on the same workload, and the peak memory of a backward pass with and
 checkpointing.
 
     git archive BASE src | tar -x -C /tmp/base            # the tree before the array layer
-    python benchmarks/torch_cpu.py --before /tmp/base/src  # about 3 min on 2 cores
+    python benchmarks/torch_cpu.py --before /tmp/base/src  # about 10 min on a loaded 2-core machine
 
 Every measurement runs in a child process of its own (PYTHONPATH = the tree), alternating
 the trees' order over repetitions. W1 here is run.py's workload at a smaller size (RUNS runs
@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).parent
-RUNS, N, STEPS = 256, 200, 40
-MEM_N, MEM_STEPS, MEM_CHUNK = 2000, 200, 20
+RUNS, N, STEPS = 128, 200, 20
+MEM_N, MEM_STEPS, MEM_CHUNK = 1000, 100, 10
 
 CHILD = r"""
 import json, resource, sys, time
@@ -75,13 +75,33 @@ else:
 """
 
 
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def child(tree: str, kind: str) -> dict:
     args = [sys.executable, "-c", CHILD, tree, kind,
             *map(str, (RUNS, N, STEPS, MEM_N, MEM_STEPS, MEM_CHUNK))]
     out = subprocess.run(args, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": tree, "PATH": "/usr/bin:/bin",
                               "HOME": str(Path.home())})
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"{Path(tree).parent.name} {kind}: {result}", file=sys.stderr, flush=True)
+    return result
+
+
+def cpu_name() -> str:
+    """The CPU model and its widest vector instruction set (from /proc/cpuinfo)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                  if line.startswith("model name")), platform.machine())
+    isa = "AVX-512" if " avx512f" in text else "AVX2" if " avx2" in text else "no AVX2"
+    return f"{model}, {isa}"
 
 
 def main() -> None:
@@ -102,7 +122,7 @@ def main() -> None:
     lines = [
         f"\n## {date}: torch_cpu.py (issue 41: the array layer on CPU)\n",
         f"`python benchmarks/torch_cpu.py --before <tree before the array layer>`, "
-        f"{platform.machine()}, {args.reps} repetitions, medians.\n",
+        f"{cpu_name()}, torch {torch_version()}, {args.reps} repetitions, medians.\n",
         "| row | value | criterion |", "|---|---|---|",
         f"| W1 numpy input ({RUNS} runs x {N} x 2, RK4, {STEPS} steps): CPU after / before "
         f"| {np.median(ratios):.3f} (all: {', '.join(f'{r:.3f}' for r in ratios)}) "
