@@ -164,6 +164,20 @@ def test_small_heads_padded_inside_the_kernel_give_the_same_output():
         torch.testing.assert_close(padded, plain, rtol=0, atol=1e-14)
 
 
+def test_out_of_memory_is_one_line_naming_the_size_and_what_fits():
+    from attnflow.kernels import torch as torch_kernel
+
+    def sdpa(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 931.00 GiB")
+
+    q = torch.zeros((2, 50, 3), dtype=torch.float64)
+    with pytest.raises(MemoryError) as err:
+        torch_kernel._with_heads_axis(sdpa, q, q, q, attn_mask=torch.zeros(50, 50), scale=1.0)
+    message = str(err.value)
+    assert "\n" not in message and "2 runs x n = 50 tokens x head size 3 in float64" in message
+    assert "holds 50 x 50 scores: mask 'causal' or 'full'" in message
+
+
 def test_sinkhorn_weights_on_tensors_equal_numpy():
     model = af.Attention(beta=2.0, mask="full", attention="sinkhorn:7")
     X = uniform((2, N), 3, seed=8)

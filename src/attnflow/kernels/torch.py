@@ -154,7 +154,21 @@ def _with_heads_axis(sdpa: Any, q: Any, k: Any, v: Any, **options: Any) -> Any:
         out = sdpa(q, k, v, **options)
     except NotImplementedError:  # forward-mode AD (torch.func.jvp): SDPA's fused kernels
         out = _softmax_attention(q, k, v, **options)  # have no JVP; the scores do
+    except torch.OutOfMemoryError:
+        raise MemoryError(_out_of_memory(q, k, v, options)) from None
     return out.reshape(*lead, q.shape[-2], v.shape[-1])
+
+
+def _out_of_memory(q: Any, k: Any, v: Any, options: dict[str, Any]) -> str:
+    """One line for an out-of-memory error of SDPA: the call's size and what would fit."""
+    batch, _, n, e = q.shape
+    keys = k.shape[-2]
+    held = "" if options.get("attn_mask") is None else (
+        f"; its additive mask holds {n} x {keys} scores: mask 'causal' or 'full' without a "
+        "score bias or memory lets SDPA's fused kernels hold none")
+    return (f"attention on {q.device}: out of memory for {batch} runs x n = {n} tokens x head "
+            f"size {e} in {str(q.dtype).removeprefix('torch.')} (torch SDPA, kernel "
+            f"attnflow.kernels.torch.attend_tensor){held}; fewer runs per call fit")
 
 
 def _softmax_attention(q: Any, k: Any, v: Any, scale: float, is_causal: bool = False,
