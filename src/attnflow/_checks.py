@@ -21,6 +21,8 @@ def describe(a: Any) -> str:
     """A short description of an array-like for error messages."""
     if isinstance(a, np.ndarray):
         return f"an array of shape {a.shape} and dtype {a.dtype}"
+    if type(a).__module__.startswith("torch") and hasattr(a, "shape"):
+        return f"a tensor of shape {tuple(a.shape)} and dtype {a.dtype} on {a.device}"
     return repr(a)
 
 

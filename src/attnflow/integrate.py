@@ -53,8 +53,10 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from attnflow._array import is_tensor, moved, namespace, sinc
 from attnflow._checks import describe, fail, finite_array, nonnegative, positive
 from attnflow.brownian import BrownianPath
+from attnflow.checkpointing import run_steps
 from attnflow.ensembles import Progress, step_pieces
 from attnflow.errors import NonFiniteStateError
 from attnflow.implicit import IMPLICIT, solve_implicit
@@ -70,6 +72,7 @@ METHODS = ("euler", "rk4", "geodesic", "dopri5", *IMPLICIT, EVENTS)
 FIXED_STEP = ("euler", "rk4", "geodesic", EVENTS)
 NOISY = ("euler", "geodesic")  # the methods that take noise
 SPHERE_ONLY = ("geodesic",)
+TENSOR_METHODS = ("euler", "rk4", "geodesic", "dopri5")  # the methods that step torch tensors
 DEFAULT_DT = 0.05
 # The most steps a run may ask for (`check_solver_args`): t_end / dt for the fixed-step
 # methods; the adaptive and implicit ones, whose step count is only known as they go, take
@@ -176,9 +179,10 @@ def rk4_step(field: Field, x: np.ndarray, h: float, manifold: Manifold = SPHERE
 
 
 def _fusable(x: np.ndarray, *ks: np.ndarray) -> bool:
-    """True when x and the ks are C-contiguous float arrays of one shape and dtype."""
-    return x.dtype.kind == "f" and x.flags.c_contiguous and x.ndim >= 1 and all(
-        k.shape == x.shape and k.dtype == x.dtype and k.flags.c_contiguous for k in ks)
+    """True when x and the ks are C-contiguous float numpy arrays of one shape and dtype."""
+    return isinstance(x, np.ndarray) and x.dtype.kind == "f" and x.flags.c_contiguous and \
+        x.ndim >= 1 and all(k.shape == x.shape and k.dtype == x.dtype and k.flags.c_contiguous
+                            for k in ks)
 
 
 def _axpy(x: np.ndarray, a: float, k: np.ndarray) -> np.ndarray:
@@ -226,11 +230,12 @@ def exp_chart(x: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Returns (y, e) where e = d/dr exp_x(r u) is the unit velocity of the geodesic at y
     (u = v/|v|); see `pullback`.
     """
-    r = np.sqrt(inner(v, v))
-    safe = np.where(r > 0, r, 1.0)
-    u = np.where(r > 0, v / safe, 0.0)
-    y = np.cos(r) * x + np.sin(r) * u
-    e = -np.sin(r) * x + np.cos(r) * u
+    xp = namespace(x, v)
+    r = xp.sqrt(inner(v, v))
+    safe = xp.where(r > 0, r, 1.0)
+    u = xp.where(r > 0, v / safe, 0.0)
+    y = xp.cos(r) * x + xp.sin(r) * u
+    e = -xp.sin(r) * x + xp.cos(r) * u
     return y, e
 
 
@@ -241,13 +246,14 @@ def pullback(x: np.ndarray, v: np.ndarray, y: np.ndarray, e: np.ndarray, z: np.n
     Along the geodesic direction the differential is an isometry (u -> e); orthogonal to it
     it scales by sin r / r. So the inverse is <z, e> u + (r / sin r) (z - <z, e> e - <z, y> y).
     """
-    r = np.sqrt(inner(v, v))
-    safe = np.where(r > 0, r, 1.0)
-    u = np.where(r > 0, v / safe, 0.0)
+    xp = namespace(x, v)
+    r = xp.sqrt(inner(v, v))
+    safe = xp.where(r > 0, r, 1.0)
+    u = xp.where(r > 0, v / safe, 0.0)
     ze = inner(z, e)
     zy = inner(z, y)
     ortho = z - ze * e - zy * y
-    return ze * u + ortho / np.sinc(r / np.pi)
+    return ze * u + ortho / sinc(r / np.pi)
 
 
 def geodesic_step(field: Field, x: np.ndarray, h: float, manifold: Manifold = SPHERE
@@ -270,7 +276,7 @@ STEPPERS = {"euler": (euler_step, 1), "rk4": (rk4_step, 4), "geodesic": (geodesi
 
 
 def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, grain,
-           splitting=None) -> Solution:
+           splitting=None, checkpoint=None) -> Solution:
     step, evals_per_step = STEPPERS[method]
     if splitting is not None:  # Euler on the sublayers in turn (sequential blocks)
         evals_per_step = len(splitting)
@@ -285,7 +291,15 @@ def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, g
         m = max(1, math.ceil(span / dt * (1 - 1e-12))) if span > 0 else 0
         grid.append((t0, float(span / m) if m else 0.0, m))  # Python floats keep float32
     n_steps = sum(m for _, _, m in grid)
-    if runs_independent and x0.ndim > 2:
+    if is_tensor(x0):  # on the tensor's device: no host copy; finiteness at the save times
+        states = [x0]
+        x = x0
+        for t0, h, m in grid:
+            x = run_steps(partial(step, field), x, t0, h, m, checkpoint, progress)
+            _check_finite(x, t0 + m * h)
+            states.append(x)
+        states = namespace(x0).stack(states)
+    elif runs_independent and x0.ndim > 2:
         states = step_pieces(partial(step, field), x0, grid, progress, grain)
     else:
         states = None  # filled at each save time, not stacked at the end
@@ -322,9 +336,14 @@ def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
                    manifold=manifold)
     for t0, t1 in zip(times[:-1], times[1:]):
         for i in range(round((t1 - t0) / dt)):
-            dW = noise.path.increment(s, noise.level).reshape(x.shape).astype(x.dtype,
-                                                                                copy=False)
-            if runs_independent and x.ndim > 2:
+            dW = noise.path.increment(s, noise.level).reshape(x.shape)
+            if is_tensor(x):  # numpy's counter-based normals, moved to the device per step
+                dW = moved(dW, x)
+            else:
+                dW = dW.astype(x.dtype, copy=False)
+            if is_tensor(x):
+                x = step(x, dt, dW)
+            elif runs_independent and x.ndim > 2:
                 flat, flat_dW = x.reshape(-1, *x.shape[-2:]), dW.reshape(-1, *x.shape[-2:])
                 out = np.empty_like(flat)
 
@@ -338,11 +357,14 @@ def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
                 x = step(x, dt, dW)
             s += 1
             n_steps += 1
-            _check_finite(x, t0 + (i + 1) * dt)
+            if not is_tensor(x):
+                _check_finite(x, t0 + (i + 1) * dt)
             if progress is not None:
                 progress(t0 + (i + 1) * dt)
+        if is_tensor(x):
+            _check_finite(x, t1)
         states.append(x)
-    return Solution(np.asarray(times), np.stack(states), n_steps, n_steps, 0,
+    return Solution(np.asarray(times), namespace(x0).stack(states), n_steps, n_steps, 0,
                     h_min=dt if n_steps else None)
 
 
@@ -412,6 +434,7 @@ def _combine(coeffs, ks) -> np.ndarray:
     out = None
     for c, k in zip(coeffs, ks):
         if c != 0:
+            c = c if isinstance(k, np.ndarray) else float(c)  # a tensor keeps its dtype
             out = c * k if out is None else out + c * k
     return out
 
@@ -435,8 +458,10 @@ def _dopri5(field, x0, times, dt, rtol, atol, progress, manifold) -> Solution:
         n_evals += 6
         x_new = x + h * _combine(DP_B, ks)
         err = h * _combine(DP_E, ks)
-        scale = atol + rtol * np.maximum(np.abs(x), np.abs(x_new))
-        err_norm = float(np.sqrt(np.mean((err / scale) ** 2)))
+        xp = namespace(x)
+        scale = atol + rtol * xp.maximum(xp.abs(x), xp.abs(x_new))
+        # (on a device: the one number each step sends to the host, to accept or reject)
+        err_norm = float(xp.sqrt(xp.mean((err / scale) ** 2)))
         if not np.isfinite(err_norm):
             _check_finite(x_new, t + h)
         if err_norm <= 1.0:
@@ -460,23 +485,30 @@ def _dopri5(field, x0, times, dt, rtol, atol, progress, manifold) -> Solution:
         h *= factor
         if h < 1e-14 * max(1.0, abs(t)):
             raise FloatingPointError(f"dopri5: step size underflow at t = {t:.6g}")
-    return Solution(np.asarray(times), np.stack(out), n_evals, n_steps, n_rejected)
+    return Solution(np.asarray(times), namespace(x0).stack(out), n_evals, n_steps, n_rejected)
 
 
 def _initial_step(field, x, f, rtol, atol) -> float:
     """Starting step of Hairer, Norsett & Wanner (II.4), for a 5th order method."""
-    scale = atol + rtol * np.abs(x)
-    d0 = np.sqrt(np.mean((x / scale) ** 2))
-    d1 = np.sqrt(np.mean((f / scale) ** 2))
+    xp = namespace(x)
+    scale = atol + rtol * xp.abs(x)
+    d0 = float(xp.sqrt(xp.mean((x / scale) ** 2)))
+    d1 = float(xp.sqrt(xp.mean((f / scale) ** 2)))
     h0 = 1e-6 if d0 < 1e-5 or d1 < 1e-5 else 0.01 * d0 / d1
     f1 = field(x + h0 * f)
-    d2 = np.sqrt(np.mean(((f1 - f) / scale) ** 2)) / h0
+    d2 = float(xp.sqrt(xp.mean(((f1 - f) / scale) ** 2))) / h0
     h1 = max(1e-6, h0 * 1e-3) if max(d1, d2) <= 1e-15 else (0.01 / max(d1, d2)) ** (1 / 5)
     return float(min(100 * h0, h1))
 
 
 def _check_finite(x: np.ndarray, t: float) -> None:
-    ok = np.isfinite(x).all(axis=(-1, -2))
+    if is_tensor(x):
+        import torch
+
+        with torch.no_grad():
+            ok = torch.isfinite(x).all(-1).all(-1).cpu().numpy()
+    else:
+        ok = np.isfinite(x).all(axis=(-1, -2))
     if not np.all(ok):
         runs = [tuple(int(i) for i in idx) for idx in np.argwhere(~np.asarray(ok))]
         raise NonFiniteStateError(float(t), runs or [()])
@@ -496,13 +528,17 @@ def integrate(
     noise: Noise | None = None,
     t0: float = 0.0,
     grain: int = 1,
+    checkpoint: int | None = None,
 ) -> Solution:
     """Advance x0 (..., n, d) from time t0 under the `drift` term (and the `noise` term, an
     SDE: methods in `NOISY`, steps of exactly dt); return the states at `times` (strictly
     increasing, >= t0). See the module docstring for the methods. For the implicit methods,
     which solve run by run, the counts are averages per run. Independent runs are stepped
     in shares that are multiples of `grain` runs. `manifold` is a `Manifold` (or "sphere",
-    "euclidean")."""
+    "euclidean"). torch tensors step on their device with the `TENSOR_METHODS` (no host copy
+    per step; finiteness is checked at the save times), recorded by autograd; `checkpoint`
+    (tensors, fixed steps without noise) recomputes chunks of that many steps in the backward
+    pass (`attnflow.checkpointing`)."""
     if not isinstance(drift, Drift):
         raise fail("drift", "an attnflow.integrate.Drift term", type(drift).__name__)
     manifold = as_manifold(manifold)
@@ -511,14 +547,15 @@ def integrate(
         times = np.concatenate([[t0], times])
     sol = _solve(drift.field, x0, times, method, dt, rtol, atol, progress, drift.euler,
                  drift.jacobian, drift.runs_independent, manifold, noise, drift.splitting,
-                 grain)
+                 grain, checkpoint)
     if not keep_start:
         sol.times, sol.states = sol.times[1:], sol.states[1:]
     return sol
 
 
 def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
-           runs_independent, manifold, noise, splitting, grain) -> Solution:
+           runs_independent, manifold, noise, splitting, grain, checkpoint=None) -> Solution:
+    check_tensor_method(x0, method, noise, checkpoint)
     if method == EVENTS:
         raise fail("method", f"one of {METHODS[:-1]} here ({EVENTS!r} integrates hardmax "
                    "models, through attnflow.simulate and attnflow.events)", repr(method))
@@ -538,7 +575,7 @@ def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
         field = euler_drift
     if method in FIXED_STEP:
         return _fixed(field, x0, times, DEFAULT_DT if dt is None else dt, method, progress,
-                      runs_independent, manifold, grain, splitting)
+                      runs_independent, manifold, grain, splitting, checkpoint)
     rtol = DEFAULT_RTOL if rtol is None else rtol
     atol = DEFAULT_ATOL if atol is None else atol
     if method in IMPLICIT:
@@ -547,6 +584,29 @@ def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
         return Solution(np.asarray(times), states, work["n_evals"], work["n_steps"], 0,
                         work["n_jacobians"])
     return _dopri5(field, x0, times, dt, rtol, atol, progress, manifold)
+
+
+def check_tensor_method(x0: Any, method: str, noise: Any = None, checkpoint: Any = None
+                        ) -> None:
+    """Raise ValueError (one line) for torch tensors with a method that cannot step them
+    (implicit solves and event location run on numpy arrays), and for `checkpoint` where it
+    does not apply (a positive int, with tensors and fixed steps without noise)."""
+    if checkpoint is not None and (isinstance(checkpoint, bool) or not isinstance(
+            checkpoint, (int, np.integer)) or checkpoint < 1):
+        raise fail("checkpoint", "None or a number of steps per chunk >= 1", repr(checkpoint))
+    if not is_tensor(x0):
+        if checkpoint is not None:
+            raise fail("checkpoint", "None for numpy arrays (checkpointing saves memory in "
+                       "torch's reverse mode: pass x0 as a tensor)", repr(checkpoint))
+        return
+    if method not in TENSOR_METHODS:
+        grad = " (x0 requires grad: an implicit solve has no autograd path)" if (
+            x0.requires_grad and method in IMPLICIT) else ""
+        raise fail("method", f"one of {TENSOR_METHODS} for torch tensors (the implicit "
+                   f"methods and 'events' run on numpy arrays){grad}", repr(method))
+    if checkpoint is not None and (method == "dopri5" or noise is not None):
+        raise fail("checkpoint", "None with dopri5 and with noise (checkpointing chunks the "
+                   "deterministic fixed steps)", repr(checkpoint))
 
 
 def check_solver_args(

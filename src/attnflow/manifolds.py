@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from attnflow._array import is_tensor
 from attnflow._checks import fail
 from attnflow.sphere import inner
 
@@ -22,7 +23,9 @@ __all__ = ["EUCLIDEAN", "MANIFOLDS", "SPHERE", "Euclidean", "Manifold", "Sphere"
 
 
 def directions(X: np.ndarray) -> np.ndarray:
-    """theta = x / |x| row by row, (..., n, d)."""
+    """theta = x / |x| row by row, (..., n, d) (tensors stay tensors)."""
+    if not isinstance(X, np.ndarray) and is_tensor(X):
+        return X / inner(X, X).sqrt()
     return X / np.sqrt(inner(X, X))
 
 
@@ -30,6 +33,8 @@ def sphere_tolerance(dtype: Any) -> float:
     """How far from 1 the norms of tokens "on the sphere" may be in this dtype: 1e-8 in
     float64, 64 ulps (7.6e-6) in float32, whose unit vectors are off by ~6e-8. The one
     tolerance for "on the sphere" everywhere in attnflow."""
+    if not isinstance(dtype, np.dtype) and str(dtype).startswith("torch."):
+        dtype = np.dtype(str(dtype).removeprefix("torch."))
     return max(1e-8, 64 * float(np.finfo(dtype).eps))
 
 

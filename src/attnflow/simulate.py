@@ -11,6 +11,15 @@ from typing import Any
 
 import numpy as np
 
+from attnflow._array import (
+    device_of,
+    dtype_name,
+    is_tensor,
+    namespace,
+    on_device,
+    tensors_of,
+    to_numpy,
+)
 from attnflow._checks import describe, fail, number, positive
 from attnflow._progress import progress_bar
 from attnflow.brownian import BrownianPath
@@ -26,6 +35,7 @@ from attnflow.integrate import (
     Drift,
     Noise,
     check_solver_args,
+    check_tensor_method,
     integrate,
 )
 from attnflow.kernels import hardmax, harmonic, kernel_name
@@ -57,6 +67,8 @@ def simulate(
     store: str = "states",
     memory_budget: float | None = None,
     cluster_tol: float | None = None,
+    device: Any = None,
+    checkpoint: int | None = None,
 ) -> Trajectory:
     """Integrate the dynamics of `model` from tokens x0 up to time t_end.
 
@@ -115,30 +127,49 @@ def simulate(
         `integrator["estimate"]` (use `estimate_run` to see it without running).
     cluster_tol : geodesic tolerance of the summaries' cluster counts (default
         `attnflow.default_cluster_tol` of the first layer's beta).
+    device : None, or a torch device ("cpu", "cuda", "cuda:1", ...): x0 is moved there as a
+        tensor. A tensor x0 (or a model with tensor parameters) runs on its device without
+        this: "euler", "rk4", "geodesic", "dopri5" and noise step there, recorded by
+        autograd (gradients reach x0 and every tensor parameter); the states are tensors
+        (store "states" only; no host-memory estimate or budget applies).
+    checkpoint : with tensors and fixed steps: recompute chunks of this many steps in the
+        backward pass (`attnflow.checkpointing`): memory for long runs.
 
-    Returns a Trajectory with states of shape (len(save times), ..., n, d) (with
+    Returns a Trajectory with states of shape (len(save times), ..., n, d) (numpy arrays, or
+    tensors on the run's device; `Trajectory.save` writes them as numpy; with
     store="summaries", the first and last save times).
     Raises ValueError for bad input and `NonFiniteStateError` if a state becomes non-finite.
     """
     plan = _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
-                 brownian_dt, store)
+                 brownian_dt, store, device, checkpoint)
     x0, times, dt, pieces = plan.x0, plan.times, plan.dt, plan.pieces
-    cost = run_cost(model, x0, times, method, plan.store, plan.kernel)
-    check_budget(cost, memory_budget, int(np.prod(x0.shape[:-2], dtype=int)), *x0.shape[-2:],
-                 x0.dtype)
+    tensor = is_tensor(x0)
+    cost = None
+    if not tensor:  # the estimate measures host memory: a tensor's device has its own
+        cost = run_cost(model, x0, times, method, plan.store, plan.kernel)
+        check_budget(cost, memory_budget, int(np.prod(x0.shape[:-2], dtype=int)),
+                     *x0.shape[-2:], x0.dtype)
     keep = Keep(plan.store, len(times), x0, summarize=partial(
-        summaries, model, _cluster_tol(model, cluster_tol)))
+        summaries, model, _cluster_tol(model, cluster_tol)) if plan.store == "summaries"
+        else None)
     with progress_bar(progress, plan.t_end, "simulating",
                       "t = {task.completed:.4g}" + f" / {plan.t_end:g}") as report:
         start = time.perf_counter()
         work = _integrate_pieces(pieces, x0, times, method, dt, plan.rtol, plan.atol, report,
-                                 model.manifold, plan.sigma, plan.path, plan.level, keep)
+                                 model.manifold, plan.sigma, plan.path, plan.level, keep,
+                                 checkpoint)
         wall = time.perf_counter() - start
-    _warn_if_still(model, x0, work["final"], plan.t_end)
+    if not tensor:  # hardmax (the only case it warns of) never runs on tensors
+        _warn_if_still(model, x0, work["final"], plan.t_end)
     integrator = {"method": method, "dt": dt, "rtol": plan.rtol, "atol": plan.atol,
                   "n_steps": work["n_steps"], "n_rejected": work["n_rejected"],
                   "kernel": ", ".join(dict.fromkeys(work["kernels"])), "store": plan.store,
-                  "estimate": {"memory": cost.memory, "file": cost.file}}
+                  "estimate": None if cost is None else {"memory": cost.memory,
+                                                         "file": cost.file}}
+    if tensor:
+        integrator.update(device=device_of(x0), dtype=dtype_name(x0))
+        if checkpoint is not None:
+            integrator["checkpoint"] = int(checkpoint)
     if method in FIXED_STEP:
         integrator["dt_min"] = work["dt_min"]
     if method in IMPLICIT:
@@ -200,7 +231,7 @@ def _cluster_tol(model: Model, cluster_tol: Any) -> float:
 
 
 def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
-          brownian_dt, store) -> _Plan:
+          brownian_dt, store, device=None, checkpoint=None) -> _Plan:
     """Check simulate's arguments and work out its save times and step."""
     if not isinstance(model, (Block, Stack)):
         raise fail("model", "an attnflow.Attention, Block or Stack", type(model).__name__)
@@ -221,6 +252,12 @@ def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, no
         raise fail("method", "a method for states in R^d (not 'geodesic', which needs the "
                    "sphere: norm 'post' or 'ngpt')", repr(method))
     pieces = segments(model, t_end)
+    x0 = on_device(x0, device, tensors_of(model))
+    check_tensor_method(x0, method, noise, checkpoint)
+    store = check_store(store)
+    if is_tensor(x0) and store != "states":
+        raise fail("store", "'states' for torch tensors (the states stay tensors in the "
+                   "autograd graph; 'float32' and 'summaries' keep numpy arrays)", repr(store))
     x0 = _initial_tokens(model, x0, normalize)
     sigma = None if noise is None else number("noise", noise, 0.0, expected="sigma >= 0")
     path = level = None
@@ -240,15 +277,15 @@ def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, no
             times = on_step_grid(times, dt)
     layer = pieces[0][2] if pieces else model.layers[0]
     kernel = layer.kernel_for(x0 if method not in IMPLICIT else x0[(0,) * (x0.ndim - 2)])
-    return _Plan(x0, t_end, times, dt, rtol, atol, seed, pieces, check_store(store), kernel,
-                 sigma, path, level)
+    return _Plan(x0, t_end, times, dt, rtol, atol, seed, pieces, store, kernel, sigma, path,
+                 level)
 
 
 COUNTS = ("n_evals", "n_steps", "n_rejected", "n_jacobians")  # an integrator's work
 
 
 def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifold, sigma,
-                      path, level, keep: Keep) -> dict[str, Any]:
+                      path, level, keep: Keep, checkpoint=None) -> dict[str, Any]:
     """Integrate layer by layer, each piece with its own field, handing the state at each
     of `times` to `keep`. Fixed-step methods step through a few save times per call
     (`chunk_times`; the same steps as in one call), so that no more than the kept states
@@ -281,7 +318,8 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
                       splitting=layer.splitting(kernel), runs_independent=True)
         runs = int(np.prod(x.shape[:-2], dtype=int))
         solve = partial(integrate, drift, method=method, dt=dt, rtol=rtol, atol=atol,
-                        progress=report, manifold=manifold, grain=tile_runs(x.dtype, runs))
+                        progress=report, manifold=manifold, checkpoint=checkpoint,
+                        grain=1 if is_tensor(x) else tile_runs(x.dtype, runs))
         if method not in FIXED_STEP:
             sol = solve(x, stops, t0=a)
             _add_work(work, sol, keep, sol.states, len(inside))
@@ -409,18 +447,19 @@ def _initial_tokens(model: Model, x0: Any, normalize: bool) -> np.ndarray:
     """x0 checked for the model: unit vectors on the sphere (or normalised), non-zero in R^d
     where a sublayer reads directions (any vectors for the flat scheme)."""
     x0 = model.check_tokens(x0, "x0")
-    norms = np.sqrt(inner(x0, x0))[..., 0]
+    norms = namespace(x0).sqrt(inner(x0, x0))
+    host = to_numpy(norms)[..., 0]  # (a tensor's norms are read once, for the checks)
     if model.manifold != SPHERE or normalize:
         directions = normalize or any(
             s is not None and s.unit_inputs
             for layer in model.layers for s in (layer.scheme, layer.mlp_scheme))
-        if directions and np.any(norms == 0):
-            where = np.argwhere(norms == 0)[0]
+        if directions and np.any(host == 0):
+            where = np.argwhere(host == 0)[0]
             raise fail("x0", "non-zero token vectors (their directions are what attention "
                        "reads)", f"a zero vector at index {tuple(int(i) for i in where)}")
-        return x0 / norms[..., None] if normalize else x0
+        return x0 / norms if normalize else x0
     tol = model.manifold.tolerance(x0.dtype)
-    off = float(np.max(np.abs(norms - 1.0)))
+    off = float(np.max(np.abs(host - 1.0)))
     if off > tol:
         raise fail("x0", f"unit vectors (|norm - 1| <= {tol:.2g} in {x0.dtype}; or pass "
                    "normalize=True)", f"norms off 1 by up to {off:.3g}")

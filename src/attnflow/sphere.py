@@ -11,6 +11,7 @@ from functools import cache
 import numpy as np
 from numba import njit
 
+from attnflow._array import is_tensor, sinc
 from attnflow._checks import as_generator, fail
 
 __all__ = [
@@ -28,18 +29,26 @@ def inner(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """<x, y> along the last axis, kept as an axis of length 1: (..., d) -> (..., 1).
 
     einsum's sum of products needs no (..., d) temporary and is 3-10 times faster than
-    np.sum(x * y, axis=-1) for the small d of the integrators' hot path."""
+    np.sum(x * y, axis=-1) for the small d of the integrators' hot path. Tensors: their
+    own sum (`attnflow._array`)."""
+    if not isinstance(x, np.ndarray) and is_tensor(x):
+        return (x * y).sum(-1, keepdim=True)
     return np.einsum("...i,...i->...", x, y)[..., None]
 
 
 def normalize(x: np.ndarray) -> np.ndarray:
-    """Return x / |x| along the last axis. Shape (..., d) -> (..., d)."""
+    """Return x / |x| along the last axis. Shape (..., d) -> (..., d) (tensors stay
+    tensors)."""
+    if is_tensor(x):
+        return x / inner(x, x).sqrt()
     x = np.asarray(x)
     return x / np.sqrt(inner(x, x))
 
 
 def project(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Tangent projection P_x y = y - <x, y> x at the point x. Shapes (..., d), broadcast."""
+    if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):
+        return y - inner(x, y) * x
     if (x.shape == y.shape and x.dtype == y.dtype and x.dtype.kind == "f" and x.shape[-1]
             and x.flags.c_contiguous and y.flags.c_contiguous):
         # The integrators' hot path: one pass, no temporaries (6x faster than numpy's three
@@ -89,6 +98,9 @@ def exp_map(x: np.ndarray, v: np.ndarray) -> np.ndarray:
     Follows the great circle from x with initial velocity v for unit time; the result is
     renormalised to remove rounding drift. Shapes (..., d).
     """
+    if is_tensor(v):
+        norm = inner(v, v).sqrt()
+        return normalize(norm.cos() * x + sinc(norm / np.pi) * v)
     norm = np.linalg.norm(v, axis=-1, keepdims=True)
     # sin(t)/t is 1 at t = 0; np.sinc(t/pi) = sin(t)/t with the limit handled.
     out = np.cos(norm) * x + np.sinc(norm / np.pi) * v

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from attnflow._array import is_tensor, namespace
 from attnflow._checks import fail
 
 __all__ = ["SMALL", "STORES", "Keep", "check_store"]
@@ -57,21 +58,34 @@ class Keep:
                  summarize: Any = None) -> None:
         self.store, self.count, self.summarize = store, count, summarize
         self.index = 0
+        self.summaries: dict[str, np.ndarray] = {}
+        self._tensors: list | None = None
+        if is_tensor(x0):  # kept as they come (in the autograd graph), stacked when asked
+            self._tensors = []
+            return
         dtype = np.float32 if store == "float32" else x0.dtype
         kept = 2 if store == "summaries" else count
-        self.states = np.empty((min(kept, count), *x0.shape), dtype)
-        self.summaries: dict[str, np.ndarray] = {}
+        self._states = np.empty((min(kept, count), *x0.shape), dtype)
+
+    @property
+    def states(self) -> Any:
+        """The kept states (K, ..., n, d): a numpy array, or a tensor of torch states."""
+        if self._tensors is not None:
+            return namespace(self._tensors[0]).stack(self._tensors)
+        return self._states
 
     def add(self, x: np.ndarray) -> None:
         """The state at the next save time."""
         i = self.index
-        if self.store != "summaries":
-            self.states[i] = x
+        if self._tensors is not None:  # store "states" only (simulate refuses the others)
+            self._tensors.append(x)
+        elif self.store != "summaries":
+            self._states[i] = x
         else:
             if i == 0:
-                self.states[0] = x
+                self._states[0] = x
             if i == self.count - 1:
-                self.states[-1] = x
+                self._states[-1] = x
             for name, value in self.summarize(x).items():
                 if name not in self.summaries:
                     self.summaries[name] = np.full((self.count, *np.shape(value)), np.nan)

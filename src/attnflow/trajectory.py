@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnflow._array import to_numpy
 from attnflow._checks import fail
 from attnflow._datafiles import MAX_BYTES, first_line, open_dataset, parse_record, save_dataset
 from attnflow._files import recover
@@ -41,7 +42,9 @@ class Trajectory(ShortRepr):
     times : (T,) save times (time units: one unit = one layer).
     states : (T, ..., n, d) token states at those times; the leading ... are runs. On the
         sphere for the post-LN and nGPT schemes, in R^d for pre- and peri-LN (see
-        `directions`).
+        `directions`). A run on torch tensors keeps them as tensors on its device, in the
+        autograd graph (`integrator` records "device" and "dtype"); `save` and `to_xarray`
+        write them as numpy.
     model : the model that was integrated (an Attention layer or a Stack of layers).
     integrator : method and settings (method, dt, rtol, atol, steps, rejected steps; dt_min,
         the smallest step taken by a fixed-step method; kernel, the attention kernel that
@@ -156,9 +159,10 @@ class Trajectory(ShortRepr):
 
         T, n, d = len(self.times), self.n, self.d
         runs = int(np.prod(self.batch_shape, dtype=int))
-        data = {"states": (("time", "run", "token", "coord"), self.states.reshape(T, runs, n, d))}
+        states = to_numpy(self.states)  # tensors (a run on a torch device) are saved as numpy
+        data = {"states": (("time", "run", "token", "coord"), states.reshape(T, runs, n, d))}
         _, arrays = self.model.to_record()
-        for name, arr in arrays.items():
+        for name, arr in ((k, to_numpy(a)) for k, a in arrays.items()):
             # Dimensions of their own: heads may be rectangular, layers differ in shape.
             data[name] = (tuple(f"{name}_dim{i}" for i in range(arr.ndim)), arr)
         for name, arr in (self.summaries or {}).items():  # (S, *batch, k...): runs flattened

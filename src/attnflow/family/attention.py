@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from attnflow._array import arange, check_tokens, is_tensor, like, scalar, tensor_scalar
 from attnflow._checks import describe, fail, finite_array, inverse_temperature
 from attnflow.family.heads import (
     Head,
@@ -102,7 +103,9 @@ class SelfAttention:
         single: bool = False,
         strength: Strength | float = 1.0,
     ) -> None:
-        self.beta = inverse_temperature("beta", beta)
+        self.beta = (tensor_scalar("beta", beta, expected="a finite beta (a tensor beta: "
+                                   "gradients reach it)") if is_tensor(beta)
+                     else inverse_temperature("beta", beta))
         self.strength = as_strength(strength)
         self.mask = check_mask(mask)
         if combine not in ("sum", "mean"):
@@ -252,13 +255,12 @@ class SelfAttention:
 
     # ------------------------------------------------------------------ the output
     def check_tokens(self, X: Any, name: str = "X") -> np.ndarray:
-        """Validate a token array of shape (..., n, d) for this sublayer."""
-        X = finite_array(name, X, min_ndim=2)
-        if not np.issubdtype(X.dtype, np.floating):
-            X = X.astype(float)
+        """Validate a token array of shape (..., n, d) for this sublayer (a float array, or
+        a floating torch tensor, kept as it is)."""
+        X = check_tokens(name, X, min_ndim=2)
         if self.d is not None and X.ndim >= 1 and X.shape[-1] != self.d:
             raise self._dimension_error(X, name)
-        if X.shape[-2] == 0 or X.shape[-1] == 0 or X.size == 0:
+        if X.shape[-2] == 0 or X.shape[-1] == 0 or np.prod(X.shape) == 0:
             raise fail(name, "at least one token of dimension >= 1", describe(X))
         for Qh, Kh, *_ in self.heads:
             e = self.head_size(Qh, Kh, X.shape[-1])
@@ -284,10 +286,18 @@ class SelfAttention:
         """The kernel for tokens shaped like X (..., n, d): the backend's, or for "auto" the
         one it picks for that shape and the sublayer's options (never a harmonic one unless
         `unit_tokens`: inputs of one norm). `simulate` fixes it for a whole run, so that
-        stepping shares of the runs in parallel never switches kernels."""
+        stepping shares of the runs in parallel never switches kernels. Torch tensors get a
+        kernel on their device (`auto.choose_tensor`; backend "auto" or "torch")."""
+        e = max(self.head_size(Q, K, X.shape[-1]) for Q, K, *_ in self.heads)
+        if is_tensor(X):
+            if self.backend not in ("auto", "torch"):
+                raise fail("backend", "'auto' or 'torch' for torch tensors (the other kernels "
+                           "are numpy's)", repr(self.backend))
+            return auto.choose_tensor(X, e, bias=self.score_bias(X.shape[-2], 0),
+                                      normalization=self.normalization, mask=self.mask,
+                                      beta=self.beta, memory=self.memory is not None)
         if self.backend != "auto":
             return get_kernel(self.backend)
-        e = max(self.head_size(Q, K, X.shape[-1]) for Q, K, *_ in self.heads)
         q = np.broadcast_to(np.zeros((), X.dtype), (*X.shape[:-1], e))
         return auto.choose(q, X, bias=self.score_bias(X.shape[-2], 0),
                            normalization=self.normalization,
@@ -296,9 +306,10 @@ class SelfAttention:
     def output(self, u: np.ndarray, kernel: Kernel | None = None) -> np.ndarray:
         """A: the sum (or mean) over heads of the attention-weighted values at the inputs
         u (..., n, d) -> (..., n, d). `kernel` defaults to the backend's."""
-        kernel = get_kernel(self.backend) if kernel is None else kernel
+        if kernel is None:
+            kernel = self.kernel_for(u) if is_tensor(u) else get_kernel(self.backend)
         n = u.shape[-2]
-        positions = np.arange(n, dtype=float)
+        positions = arange(n, u)
         projected = self._stacked.project(u)  # u M^T of every distinct Q, K, V: one GEMM
 
         def product(M: np.ndarray | None) -> np.ndarray:
@@ -319,13 +330,15 @@ class SelfAttention:
             else:
                 k = self._query_key(product(K), positions, "k", h)
             v = product(V) if b is None else b.add("v", product(V), h)
-            ys.append(kernel(q, k, v, self.beta, self.mask, self._memory(K, V),
+            ys.append(kernel(q, k, v, self.beta, self.mask, self._memory(K, V, u),
                              bias=self.score_bias(n, h), normalization=self.normalization))
         out = self._stacked.combine(ys)
         if self.combine == "mean" and len(self.heads) > 1:
             out = out / len(self.heads)
         out = out if b is None else b.add("o", out)
-        return out if self.strength == 1.0 else self.strength * out
+        if not is_tensor(self.strength) and self.strength == 1.0:
+            return out
+        return self.strength * out
 
     def _query_key(self, x: np.ndarray, positions: np.ndarray, which: str, head: int
                    ) -> np.ndarray:
@@ -349,11 +362,18 @@ class SelfAttention:
             return parts[0] if parts else None
         return sum(options.check_bias(b, n) for b in parts)
 
-    def _memory(self, K: np.ndarray | None, V: np.ndarray | None) -> Memory | None:
-        """Memory keys and values of one head, or None without memory."""
+    def _memory(self, K: np.ndarray | None, V: np.ndarray | None, u: Any = None
+                ) -> Memory | None:
+        """Memory keys and values of one head, or None without memory (in the library,
+        dtype and device of the inputs u where u is a tensor)."""
         if self.memory is None:
             return None
         points, weights = self.memory
+        if is_tensor(u):
+            points = like(points, u)
+            return Memory(k=points if K is None else points @ like(K, u).T,
+                          v=points if V is None else points @ like(V, u).T,
+                          log_weights=like(weights, u).log())
         return Memory(
             k=points if K is None else points @ K.T,
             v=points if V is None else points @ V.T,
@@ -421,7 +441,7 @@ class SelfAttention:
                          else self.normalization)
         meta = {
             "d": self.d,
-            "beta": self.beta,
+            "beta": scalar(self.beta),
             "mask": mask_to_record(self.mask, arrays),
             "combine": self.combine,
             "backend": self.backend,
@@ -437,7 +457,7 @@ class SelfAttention:
             meta["biases"], bias_arrays = self.biases.to_record("bias_")
             arrays.update(bias_arrays)
         if self.strength != 1.0:  # (absent at K = 1: records of earlier versions read as 1)
-            meta["strength"] = Strength(self.strength).to_record()[0]
+            meta["strength"] = Strength(scalar(self.strength)).to_record()[0]
         return meta, arrays
 
     @classmethod

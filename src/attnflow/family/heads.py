@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from attnflow._checks import describe, fail, finite_array, nonnegative, square_matrix
+from attnflow._array import check_parameter, is_tensor, like, namespace
+from attnflow._checks import describe, fail, nonnegative
 from attnflow.family.norms import RMSNorm
 from attnflow.family.parts import Part, register
 
@@ -54,8 +55,7 @@ class QKNorm(Part):
         for attr in ("gain_q", "gain_k"):
             g = getattr(self, attr)
             if g is not None:
-                g = finite_array(f"qk_norm.{attr}", g, ndim=1)
-                object.__setattr__(self, attr, g.astype(float) if g.dtype.kind != "f" else g)
+                object.__setattr__(self, attr, check_parameter(f"qk_norm.{attr}", g, ndim=1))
         object.__setattr__(self, "eps", nonnegative("qk_norm.eps", self.eps))
 
     @property
@@ -107,8 +107,7 @@ class ProjectionBias(Part):
         for attr, ndim in (("q", 2), ("k", 2), ("v", 2), ("o", 1)):
             b = getattr(self, attr)
             if b is not None:
-                b = finite_array(f"biases.{attr}", b, ndim=ndim)
-                object.__setattr__(self, attr, b if b.dtype.kind == "f" else b.astype(float))
+                object.__setattr__(self, attr, check_parameter(f"biases.{attr}", b, ndim=ndim))
 
     def check(self, heads: Sequence[tuple[np.ndarray | None, ...]], d: int | None) -> None:
         """Raise ValueError unless each bias has one row per head of its projection's size."""
@@ -129,7 +128,7 @@ class ProjectionBias(Part):
         b = getattr(self, attr)
         if b is None:
             return x
-        return x + (b if head is None else b[head]).astype(x.dtype, copy=False)
+        return x + like(b if head is None else b[head], x)
 
 
 def check_head(head: Head, d: int | None, h: int | None) -> tuple[np.ndarray | None, ...]:
@@ -147,8 +146,9 @@ def check_head(head: Head, d: int | None, h: int | None) -> tuple[np.ndarray | N
         if (d is not None and V.shape[1] != d) or O.shape != (V.shape[1], V.shape[0]):
             raise fail(f"{names[2]}, {names[3]}", f"V of shape (f, {d}) and O of shape "
                        f"({d}, f)", f"V {describe(V)}, O {describe(O)}")
-    elif V is not None:
-        V = square_matrix(names[2], V, d)
+    elif V is not None and (V.shape[0] != V.shape[1] or (d is not None and V.shape[0] != d)):
+        want = f"a ({d}, {d}) matrix" if d is not None else "a square matrix"
+        raise fail(names[2], want, describe(V))
     sizes = {name: m.shape[0] for name, m in zip(names[:2], (Q, K)) if m is not None}
     for name, m in zip(names[:2], (Q, K)):
         if m is not None and (m.shape[0] == 0 or (d is not None and m.shape[1] != d)):
@@ -166,8 +166,8 @@ def check_head(head: Head, d: int | None, h: int | None) -> tuple[np.ndarray | N
 
 
 def _matrix(name: str, m: Any) -> np.ndarray:
-    a = finite_array(name, m, ndim=2)
-    return a if a.dtype.kind == "f" else a.astype(float)
+    """A finite float (rows, cols) matrix; a tensor stays a tensor (`check_parameter`)."""
+    return check_parameter(name, m, ndim=2)
 
 
 def dimension_sources(heads: list[Head], memory: Any, single: bool = False
@@ -216,7 +216,8 @@ class StackedHeads:
     every head's queries, keys and values, and `combine` one GEMM per dtype for every factored
     head's output (at SmolLM2's shapes, head size 64, nine thin GEMMs took about twice the
     time of one wide one: benchmarks/w6.py). `heads` are the heads with those views (shared
-    arrays stay shared); identities (None) stay None.
+    arrays stay shared); identities (None) stay None. Tensors are not stacked: each is its
+    own block, so that gradients and in-place updates reach the tensor the user holds.
     """
 
     def __init__(self, heads: Sequence[tuple[np.ndarray | None, ...]]) -> None:
@@ -235,7 +236,7 @@ class StackedHeads:
         id(M) (M as in `heads`): column blocks of one product per dtype."""
         out = {}
         for W, members in self.inputs:
-            p = u @ W.T
+            p = u @ like(W, u).T if not isinstance(u, np.ndarray) else u @ W.T
             start = 0
             for _, v in members:
                 out[id(v)] = p[..., start:start + v.shape[0]]
@@ -252,7 +253,11 @@ class StackedHeads:
             if h not in factored:
                 out = y if out is None else out + y
         for W, members in self.outputs:
-            y = np.concatenate([ys[h] for h, _ in members], axis=-1) @ W.T
+            if isinstance(ys[0], np.ndarray):
+                y = np.concatenate([ys[h] for h, _ in members], axis=-1) @ W.T
+            else:
+                y = namespace(ys[0]).concat([ys[h] for h, _ in members], axis=-1) \
+                    @ like(W, ys[0]).T
             out = y if out is None else out + y
         return out
 
@@ -266,7 +271,10 @@ def _stacks(items: list[tuple[Hashable, np.ndarray]], axis: int
         groups.setdefault(m.dtype, []).append((key, m))
     stacks = []
     for group in groups.values():
-        W = np.concatenate([m for _, m in group], axis=axis)
+        if is_tensor(group[0][1]):  # tensors stay themselves: a fit updating them in place
+            stacks.extend((m, [(key, m)]) for key, m in group)  # is seen by the next call
+            continue
+        W = namespace(*(m for _, m in group)).concat([m for _, m in group], axis=axis)
         members, start = [], 0
         for key, m in group:
             stop = start + m.shape[axis]

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._checks import describe, fail, finite_array, nonnegative
+from attnflow._array import check_parameter, like, namespace
+from attnflow._checks import describe, fail, nonnegative
 from attnflow.manifolds import directions
 from attnflow.sphere import inner
 
@@ -26,6 +27,10 @@ __all__ = ["Direction", "LayerNorm", "Norm", "RMSNorm", "norm_from_record", "uni
 
 def unit(A: np.ndarray) -> np.ndarray:
     """A / |A| row by row, 0 where A = 0."""
+    if not isinstance(A, np.ndarray):
+        xp = namespace(A)
+        norm = inner(A, A).sqrt()
+        return xp.where(norm > 0, A / xp.where(norm > 0, norm, xp.ones_like(norm)), 0.0)
     norm = np.sqrt(inner(A, A))
     return np.divide(A, norm, out=np.zeros_like(A), where=norm > 0)
 
@@ -76,10 +81,7 @@ class RMSNorm(Norm):
 
     def __post_init__(self) -> None:
         if self.gain is not None:
-            gain = finite_array("gain", self.gain, ndim=1)
-            if not np.issubdtype(gain.dtype, np.floating):
-                gain = gain.astype(float)
-            object.__setattr__(self, "gain", gain)
+            object.__setattr__(self, "gain", check_parameter("gain", self.gain, ndim=1))
         object.__setattr__(self, "eps", nonnegative("eps", self.eps))
 
     def check(self, size: int | None, name: str) -> None:
@@ -87,8 +89,9 @@ class RMSNorm(Norm):
             raise fail(f"{name}.gain", f"a gain of shape ({size},)", describe(self.gain))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)
-        return y if self.gain is None else y * self.gain.astype(x.dtype, copy=False)
+        xp = namespace(x)
+        y = x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return y if self.gain is None else y * like(self.gain, x)
 
     def jacobian(self, x: np.ndarray) -> np.ndarray:
         e = x.shape[-1]
@@ -117,8 +120,7 @@ class LayerNorm(Norm):
         for attr in ("gain", "bias"):
             a = getattr(self, attr)
             if a is not None:
-                a = finite_array(attr, a, ndim=1)
-                object.__setattr__(self, attr, a if a.dtype.kind == "f" else a.astype(float))
+                object.__setattr__(self, attr, check_parameter(attr, a, ndim=1))
         object.__setattr__(self, "eps", nonnegative("eps", self.eps))
 
     def check(self, size: int | None, name: str) -> None:
@@ -128,11 +130,12 @@ class LayerNorm(Norm):
                 raise fail(f"{name}.{attr}", f"an array of shape ({size},)", describe(a))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        c = x - np.mean(x, axis=-1, keepdims=True)
-        y = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + self.eps)
+        xp = namespace(x)
+        c = x - xp.mean(x, axis=-1, keepdims=True)
+        y = c / xp.sqrt(xp.mean(c * c, axis=-1, keepdims=True) + self.eps)
         if self.gain is not None:
-            y = y * self.gain.astype(x.dtype, copy=False)
-        return y if self.bias is None else y + self.bias.astype(x.dtype, copy=False)
+            y = y * like(self.gain, x)
+        return y if self.bias is None else y + like(self.bias, x)
 
     def jacobian(self, x: np.ndarray) -> np.ndarray:
         e = x.shape[-1]

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from attnflow._array import to_numpy
 from attnflow._checks import fail
 
 __all__ = ["KINDS", "PARTS", "SLOTS", "Part", "part_from_record", "parts_table", "register"]
@@ -65,11 +66,14 @@ class Part:
     # ------------------------------------------------------------------ records
     def to_record(self, prefix: str = "") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """A JSON-friendly description and named arrays (names start with `prefix`): the
-        dataclass fields, scalars and tuples in the description, arrays as arrays."""
+        dataclass fields, scalars and tuples in the description, arrays as arrays (tensors
+        as numpy arrays)."""
         meta: dict[str, Any] = {"kind": self.kind}
         arrays: dict[str, np.ndarray] = {}
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+            value = to_numpy(getattr(self, f.name))
+            if isinstance(value, np.ndarray) and value.ndim == 0:
+                value = value.item()
             if isinstance(value, np.ndarray):
                 arrays[f"{prefix}{self.kind}_{f.name}"] = value
                 meta[f.name] = {"array": f"{prefix}{self.kind}_{f.name}"}

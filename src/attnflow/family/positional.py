@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from attnflow._array import check_parameter, is_tensor, namespace, to_numpy
 from attnflow._checks import describe, fail, finite_array, number, positive
 from attnflow.family.parts import Part, part_from_record, register
 from attnflow.kernels.options import LinearBias
@@ -89,18 +90,22 @@ class RoPE(Encoding):
         return self.base ** (-2.0 * np.arange(head_size // 2) / head_size)
 
     def rotate(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        angles = (positions + self.offset)[:, None] * self.frequencies(x.shape[-1])
+        xp = namespace(x)
+        e = x.shape[-1]
+        freqs = (self.frequencies(e) if xp is np else self.base ** (
+            -2.0 * xp.arange(e // 2, dtype=xp.float64, device=positions.device) / e))
+        angles = (positions + self.offset)[:, None] * freqs
         # (n, e/2), computed in float64 and used in the dtype of x (float32 stays float32)
-        cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
-        half = x.shape[-1] // 2
+        cos, sin = xp.astype(xp.cos(angles), x.dtype), xp.astype(xp.sin(angles), x.dtype)
+        half = e // 2
         if self.pairing == "halves":
             a, b = x[..., :half], x[..., half:]
         else:
             a, b = x[..., 0::2], x[..., 1::2]
         ra, rb = a * cos - b * sin, a * sin + b * cos
         if self.pairing == "halves":
-            return np.concatenate([ra, rb], axis=-1)
-        return np.stack([ra, rb], axis=-1).reshape(x.shape)
+            return xp.concat([ra, rb], axis=-1)
+        return xp.reshape(xp.stack([ra, rb], axis=-1), x.shape)
 
     def to_record(self, prefix: str = "") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         return {"kind": self.kind, "base": self.base, "pairing": self.pairing,
@@ -151,6 +156,11 @@ class ALiBi(Encoding):
         s = self.slopes
         if s is None:
             return
+        if is_tensor(s):  # kept as a tensor (0-d, or one slope per head): gradients reach it
+            check_parameter("alibi", s)
+            if s.ndim > 1 or not bool((s.detach() >= 0).all()):
+                raise fail("alibi", "slopes >= 0 in a 0-d or 1-d tensor", describe(s))
+            return
         if isinstance(s, (int, float, np.integer, np.floating)) and not isinstance(s, bool):
             object.__setattr__(self, "slopes", number("alibi", s, 0.0,
                                                       expected="slopes >= 0"))
@@ -165,12 +175,13 @@ class ALiBi(Encoding):
         """lambda of head `head` (0-based) among n_heads."""
         if self.slopes is None:
             return 2.0 ** (-8.0 * (head + 1) / n_heads)
-        if isinstance(self.slopes, tuple):
+        if isinstance(self.slopes, tuple) or (is_tensor(self.slopes) and self.slopes.ndim):
             return self.slopes[head]
         return self.slopes
 
     def check(self, head_size: int | None, n_heads: int) -> None:
-        if isinstance(self.slopes, tuple) and len(self.slopes) != n_heads:
+        if (isinstance(self.slopes, tuple) or (is_tensor(self.slopes) and self.slopes.ndim)
+                ) and len(self.slopes) != n_heads:
             raise fail("alibi", f"{n_heads} slopes (one per head)",
                        f"{len(self.slopes)} slopes")
 
@@ -180,7 +191,10 @@ class ALiBi(Encoding):
         return LinearBias(self.slope(head, n_heads))
 
     def to_record(self, prefix: str = "") -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        slopes = list(self.slopes) if isinstance(self.slopes, tuple) else self.slopes
+        slopes = self.slopes
+        if is_tensor(slopes):
+            slopes = to_numpy(slopes).tolist()
+        slopes = list(slopes) if isinstance(slopes, tuple) else slopes
         return {"kind": self.kind, "slopes": slopes}, {}
 
     @classmethod
@@ -265,6 +279,8 @@ def as_alibi(value: Any) -> ALiBi | None:
         return value
     if isinstance(value, str):
         return ALiBi.parse(value, "alibi")
+    if is_tensor(value):
+        return ALiBi(value)
     return ALiBi(value if np.ndim(value) == 0 else tuple(np.asarray(value, dtype=float)))
 
 

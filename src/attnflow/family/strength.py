@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from attnflow._array import is_tensor, tensor_scalar
 from attnflow._checks import fail, number
 from attnflow.family.parts import Part, register
 
@@ -42,6 +43,10 @@ class Strength(Part):
     text_help: ClassVar[str] = "K (a number > 0)"
 
     def __post_init__(self) -> None:
+        if is_tensor(self.K):  # a 0-d tensor stays one: gradients reach it
+            tensor_scalar("strength", self.K, 0.0, low_open=True,
+                          expected="a finite number K > 0")
+            return
         object.__setattr__(self, "K", number("strength", self.K, 0.0, low_open=True,
                                              expected="a finite number K > 0"))
 
@@ -58,7 +63,7 @@ class Strength(Part):
         return cls(value)
 
     def text(self) -> str:
-        return repr(self.K)
+        return repr(float(self.K))
 
 
 def as_strength(strength: Any) -> float:

@@ -7,20 +7,25 @@ temporaries); the dense reference is fastest only for small ones, and takes the 
 need an option the others lack (`attnflow.kernels.options`). The harmonic kernel wins on the
 circle and S^2 from about 4 tokens per harmonic feature (`harmonic.features`: 133 on the
 circle at beta = 64, 900 on S^2 at beta = 9), where it applies (queries and keys of one norm
-each: checked per call, the blocked kernel taking the calls it refuses). torch is never
-chosen automatically (it is optional; ask for backend="torch").
+each: checked per call, the blocked kernel taking the calls it refuses). For numpy arrays
+torch is never chosen automatically (it is optional; ask for backend="torch"); torch
+tensors always get a tensor kernel (`choose_tensor`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from attnflow._checks import fail
 from attnflow.kernels import blocked, dense, fused, harmonic
+from attnflow.kernels import torch as torch_kernel
 from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.options import ALL, LinearBias, check_normalization, needed
 from attnflow.kernels.types import Kernel, Memory, Normalization
 
-__all__ = ["SUPPORTS", "attend", "choose", "harmonic_or_blocked"]
+__all__ = ["SUPPORTS", "attend", "choose", "choose_tensor", "harmonic_or_blocked"]
 
 SUPPORTS = ALL  # every option: calls that need one the fast kernels lack go to dense
 
@@ -69,6 +74,25 @@ def choose(q: np.ndarray, v: np.ndarray, bias: np.ndarray | LinearBias | None = 
     if n >= MIN_TOKENS_BLOCKED and need <= blocked.SUPPORTS:
         return blocked.attend
     return dense.attend
+
+
+def choose_tensor(x: Any, e: int, bias: Any = None, normalization: Normalization = "softmax",
+                  mask: MaskSpec | None = None, beta: Any = None, memory: bool = False
+                  ) -> Kernel:
+    """The kernel for torch tensor tokens x (..., n, d) with heads of size e: the one place
+    where a tensor's kernel is chosen (a tensor never goes to the numba kernels). Today
+    `attnflow.kernels.torch.attend_tensor` (SDPA on the tensor's device) for every call;
+    GPU kernels (Triton: a fused small-d kernel, the harmonic kernel on the device) plug in
+    here by device, d, n, mask and options. Raises ValueError for hardmax (beta = +-inf),
+    which runs on numpy arrays only."""
+    need = needed(bias, check_normalization(normalization), None if beta is None or not
+                  isinstance(beta, (int, float)) else beta)
+    missing = need - torch_kernel.TENSOR_SUPPORTS
+    if missing:
+        raise fail("beta" if "hardmax" in missing else "backend",
+                   f"options {sorted(torch_kernel.TENSOR_SUPPORTS)} on torch tensors "
+                   "(hardmax, beta = +-inf, runs on numpy arrays)", sorted(missing))
+    return torch_kernel.attend_tensor
 
 
 def harmonic_or_blocked(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float,

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from attnflow._array import is_tensor
 from attnflow._checks import describe, fail
 from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.types import Normalization
@@ -65,13 +66,16 @@ class LinearBias:
     """The score bias b_ij = -slope |i - j| (ALiBi's; under a causal mask -slope (i - j),
     linear in i - j), kept structured: O(1) to hold for any n.
 
-    slope : a finite number >= 0 (0: no bias).
+    slope : a finite number >= 0 (0: no bias), or a 0-d torch tensor (kept: gradients reach
+        it through the tensor kernels).
     """
 
-    slope: float
+    slope: Any
 
     def __post_init__(self) -> None:
         s = self.slope
+        if is_tensor(s):
+            return
         if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, float, np.number)) or \
                 not 0 <= float(s) < np.inf:
             raise fail("bias", "a LinearBias slope: a finite number >= 0", repr(s))
@@ -80,7 +84,7 @@ class LinearBias:
     def matrix(self, n: int) -> np.ndarray:
         """The float64 (n, n) array b_ij = -slope |i - j|."""
         i = np.arange(n, dtype=float)
-        return -self.slope * np.abs(i[:, None] - i[None, :])
+        return -float(self.slope) * np.abs(i[:, None] - i[None, :])
 
 
 def check_bias(bias: Any, n: int) -> np.ndarray | None:
