@@ -28,6 +28,8 @@
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients; with ALiBi (§11.1): the Hardy label, the
   retrieval profile, the soft accuracy and the critical time of recency.
+* moments: particles against a density on the circle (docs/science.md §9): the Fourier
+  moments with their standard errors, the Wasserstein-1 distance (closed form on the circle).
 * selectivity: one query over n iid uniform keys on S^{d-1} (docs/science.md §11.4): the
   critical scale beta_n = gamma n^{2/(d-1)}, the moments of the weights' limit law (a Poisson
   process of the nearest keys), exact samplers of the gaps 1 - <q, k>, the weights'
@@ -99,6 +101,7 @@ from attnflow.analysis.kinetic import (
     soft_accuracy,
     soft_weights,
 )
+from attnflow.analysis.moments import FourierMoments, fourier_moments, wasserstein_circle
 from attnflow.analysis.parking import (
     RENYI_PARKING_CONSTANT,
     cap_mass,
@@ -152,6 +155,7 @@ __all__ = [
     "ROWS",
     "AtlasPrediction",
     "Clusters",
+    "FourierMoments",
     "Lemma51Bound",
     "ObservedConfiguration",
     "RemarkB2Check",
@@ -177,6 +181,7 @@ __all__ = [
     "equiangular_start",
     "expected_renyi_centers_circle",
     "expected_strong_centers",
+    "fourier_moments",
     "g",
     "h",
     "k_star",
@@ -205,6 +210,7 @@ __all__ = [
     "theorem52_max_N",
     "theorem52_min_beta",
     "uniform_fluctuation",
+    "wasserstein_circle",
     "causal_memory",
     "cell_memory",
     "growth_rate",

@@ -41,6 +41,7 @@ import numpy as np
 from scipy.special import gammaincc, ive
 
 from attnflow._checks import fail
+from attnflow.analysis._density import cdf_table, hermite, one_density
 from attnflow.analysis.family import dispersion_rate
 
 __all__ = ["alibi_memory", "causal_memory", "cell_memory", "growth_rate", "hardy_kernel",
@@ -193,41 +194,16 @@ def inverse_cdf(c: Any, q: Any) -> np.ndarray:
     (values F, slopes rho), whose error is at most h^4 max|rho'''| / 384: about 1e-14 of the
     mass for the densities the solver resolves. O(M log M + len(q)) work: a million levels
     take a fraction of a second."""
-    c = _one_density(c)
+    c = one_density(c)
     q = np.asarray(q, dtype=float)
     if q.size and (not np.all(np.isfinite(q)) or q.min() < 0 or q.max() >= 1):
         raise fail("q", "levels in [0, 1)", f"levels in [{np.min(q)}, {np.max(q)}]")
-    K = len(c) - 1
-    M = max(1 << 16, 1 << int(np.ceil(np.log2(256 * (K + 1)))))
-    h = 2 * np.pi / M
-    k = np.arange(1, K + 1)
-    rho = np.fft.irfft(c * M, n=M)
-    periodic = np.fft.irfft(np.concatenate([[0.0], c[1:] / (1j * k)]) * M, n=M)
-    F = np.arange(M + 1) / M + np.append(periodic - periodic[0], 0.0)
-    m = np.append(rho, rho[0]) * h  # slopes per unit step
-    j = np.clip(np.searchsorted(np.maximum.accumulate(F), q, side="right") - 1, 0, M - 1)
-    F0, F1, m0, m1 = F[j], F[j + 1], m[j], m[j + 1]
+    table = cdf_table(c)
+    M = len(table.F) - 1
+    j = np.clip(np.searchsorted(np.maximum.accumulate(table.F), q, side="right") - 1, 0, M - 1)
+    F0, F1 = table.F[j], table.F[j + 1]
     s = np.clip((q - F0) / np.where(F1 > F0, F1 - F0, 1.0), 0.0, 1.0)
     for _ in range(4):  # Newton on the Hermite cubic H(s) = q, s in [0, 1]
-        s2, s3 = s * s, s * s * s
-        H = (2 * s3 - 3 * s2 + 1) * F0 + (s3 - 2 * s2 + s) * m0 + (3 * s2 - 2 * s3) * F1 \
-            + (s3 - s2) * m1
-        dH = (6 * s2 - 6 * s) * (F0 - F1) + (3 * s2 - 4 * s + 1) * m0 + (3 * s2 - 2 * s) * m1
+        H, dH = hermite(table, j, s)
         s = np.clip(s - (H - q) / np.where(dH > 0, dH, np.inf), 0.0, 1.0)
-    return np.mod((j + s) * h, 2 * np.pi)
-
-
-def _one_density(c: Any) -> np.ndarray:
-    """Coefficients (K + 1,) of one density of mass 1 from (K + 1,) or (1, K + 1)."""
-    arr = np.asarray(c)
-    if arr.ndim == 2 and arr.shape[0] == 1:
-        arr = arr[0]
-    if arr.ndim != 1 or arr.size < 2 or not np.issubdtype(arr.dtype, np.number) or not np.all(
-            np.isfinite(arr)):
-        raise fail("c", "finite coefficients (K + 1,) or (1, K + 1) of one density (for label "
-                   "cells (S, K + 1), one row c[j])", f"an array of shape {arr.shape}")
-    arr = arr.astype(complex)
-    if not np.isclose(2 * np.pi * arr[0].real, 1.0, rtol=0, atol=1e-12):
-        raise fail("c", "a density of mass 1 (c_0 = 1 / (2 pi))",
-                   f"mass 2 pi c_0 = {2 * np.pi * arr[0].real:.15g}")
-    return arr
+    return np.mod((j + s) * table.h, 2 * np.pi)
