@@ -226,3 +226,106 @@ def test_wasserstein_refuses_bad_input():
         wasserstein_circle(points(np.array([0.0])), uniform_density() * 2)
     with pytest.raises(ValueError, match="^x: expected"):
         wasserstein_circle(af.sphere.uniform((2, 5), 2, seed=0), uniform_density())
+
+
+# ---- density-based cluster counts ---------------------------------------------------------------
+
+def clustered(k: int, per: int, spread: float, rng, masses=None) -> np.ndarray:
+    """k tight clusters (normal angles of sd `spread`) at random equally spaced centres."""
+    centres = rng.uniform(0, 2 * np.pi) + 2 * np.pi * np.arange(k) / k
+    sizes = [per] * k if masses is None else masses
+    return points(np.concatenate([c + spread * rng.standard_normal(m)
+                                  for c, m in zip(centres, sizes)]))
+
+
+def test_density_count_agrees_with_single_linkage_on_separated_clusters():
+    """Clusters of sd 0.01 rad at least 2 pi / 9 = 0.7 rad apart, beta = 25 (w = 0.2): far
+    tighter than w / 4 (single linkage's tolerance) and farther apart than 2 w."""
+    from attnflow.analysis import cluster_count, density_cluster_count
+
+    rng = np.random.default_rng(7)
+    for k in range(1, 10):
+        x = clustered(k, 40, 0.01, rng)
+        assert density_cluster_count(x, 25.0) == cluster_count(x, 0.25 / 5) == k
+
+
+def test_kde_against_the_direct_sum_and_the_mass_rule():
+    from scipy.special import i0e
+
+    from attnflow.analysis import density_cluster_count, density_modes, kde_circle
+
+    x = af.sphere.uniform(60, 2, seed=2)
+    w = 0.2
+    values = kde_circle(x, w)
+    grid = 2 * np.pi * np.arange(len(values)) / len(values)
+    theta = np.arctan2(x[:, 1], x[:, 0])
+    direct = np.mean(np.exp((np.cos(grid[:, None] - theta) - 1) / w**2), axis=1) / (
+        2 * np.pi * i0e(1 / w**2))
+    assert np.abs(values - direct).max() < 1e-3 * direct.max()  # linear binning, h = 0.012
+    # a cluster of 0.5 % of the tokens: counted only when the mass fraction allows it
+    rng = np.random.default_rng(1)
+    x = clustered(3, 0, 0.01, rng, masses=[597, 398, 5])
+    assert density_cluster_count(x, 25.0) == 2
+    assert density_cluster_count(x, 25.0, mass=0.001) == 3
+    modes = density_modes(kde_circle(x, 0.2), mass=0.001)
+    assert np.allclose(np.sort(modes.masses), [0.005, 0.398, 0.597], atol=2e-3)
+    # uniform tokens at n = 1e5: one component, whatever the noise of the estimate
+    assert np.all(density_cluster_count(af.sphere.uniform((2, 100_000), 2, seed=3), 100) == 1)
+
+
+def test_density_peaks_of_a_mixture_and_of_its_draws_agree():
+    """A density of k von Mises bumps (kappa 400, about 0.05 rad wide) of unequal masses (a
+    factor up to 3), at least 2 pi / 11 - 0.1 = 0.47 rad = 3.8 w apart (beta = 64): its peak
+    count from the coefficients, and the count of 1e5 tokens drawn from it, are k."""
+    from attnflow.analysis import density_cluster_count, density_peak_count
+
+    rng = np.random.default_rng(4)
+    for k in (2, 5, 11):
+        centres = 2 * np.pi * np.arange(k) / k + rng.uniform(-0.05, 0.05, k)
+        weights = rng.uniform(0.5, 1.5, k)
+        c = from_function(lambda t, w=weights, m=centres: np.exp(
+            400 * (np.cos(t[:, None] - m) - 1)) @ w, modes=512)
+        assert density_peak_count(c, 64.0).count == k
+        assert density_peak_count(c, width=0.0).count == k
+        assert density_cluster_count(sample(c, 100_000, seed=k), 64.0) == k
+
+
+def test_density_counts_refuse_bad_input():
+    from attnflow.analysis import density_cluster_count, density_modes
+
+    x = af.sphere.uniform(20, 2, seed=0)
+    with pytest.raises(ValueError, match="^beta: expected a finite beta != 0"):
+        density_cluster_count(x, 0.0)
+    with pytest.raises(ValueError, match="^beta, width: expected exactly one"):
+        density_cluster_count(x, 4.0, width=0.1)
+    with pytest.raises(ValueError, match="^points: expected an integer grid size"):
+        density_cluster_count(x, 4.0, points=8)
+    with pytest.raises(ValueError, match="^mass: expected a mass fraction"):
+        density_modes(np.ones(16), mass=2.0)
+
+
+# ---- the pictures -------------------------------------------------------------------------------
+
+def test_moments_figure_draws_the_band_and_the_particles():
+    pytest.importorskip("matplotlib")
+    from attnflow.plot import plot_meanfield, plot_moments
+
+    c = von_mises(modes=32)
+    model = af.Attention(beta=4.0, mask="full")
+    times = np.linspace(0, 0.5, 3)
+    res = solve(model, c, 0.5, save_at=times)
+    traj = af.simulate(model, sample(c, 300, seed=0), 0.5, save_at=times)
+    fig = plot_moments(res, traj, modes=[1, 2])
+    dots = [line for line in fig.axes[0].lines if line.get_marker() == "o"]
+    want = fourier_moments(traj.states, [1]).mean[:, 0]
+    assert np.allclose(dots[0].get_ydata(), want.real) and np.allclose(dots[1].get_ydata(),
+                                                                      want.imag)
+    edge = fig.axes[0].collections[0].get_paths()[0].vertices  # Re m_1 +- 2 sd / sqrt(n)
+    at0 = edge[edge[:, 0] == 0.0, 1]
+    m1 = vm_moment(1)
+    half = 2 * np.sqrt(((1 + vm_moment(2)) / 2 - m1**2) / 300)
+    assert np.allclose([at0.min(), at0.max()], [m1 - half, m1 + half], rtol=1e-6)
+    with pytest.raises(ValueError, match="^modes: expected"):
+        plot_moments(res, traj, modes=[40])
+    with pytest.raises(ValueError, match="^ax: expected None when particles are drawn"):
+        plot_meanfield(res, particles=traj, ax=fig.axes[0])

@@ -28,6 +28,9 @@
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients; with ALiBi (§11.1): the Hardy label, the
   retrieval profile, the soft accuracy and the critical time of recency.
+* modes: clusters as the modes of a kernel density at the length scale beta^{-1/2}, counted
+  by persistence with a mass fraction (`density_cluster_count`; `density_peak_count` for a
+  density's coefficients): a count that means the same at n = 10 and n = 10^6.
 * moments: particles against a density on the circle (docs/science.md §9): the Fourier
   moments with their standard errors, the Wasserstein-1 distance (closed form on the circle).
 * selectivity: one query over n iid uniform keys on S^{d-1} (docs/science.md §11.4): the
@@ -101,6 +104,13 @@ from attnflow.analysis.kinetic import (
     soft_accuracy,
     soft_weights,
 )
+from attnflow.analysis.modes import (
+    DensityModes,
+    density_cluster_count,
+    density_modes,
+    density_peak_count,
+    kde_circle,
+)
 from attnflow.analysis.moments import FourierMoments, fourier_moments, wasserstein_circle
 from attnflow.analysis.parking import (
     RENYI_PARKING_CONSTANT,
@@ -155,6 +165,7 @@ __all__ = [
     "ROWS",
     "AtlasPrediction",
     "Clusters",
+    "DensityModes",
     "FourierMoments",
     "Lemma51Bound",
     "ObservedConfiguration",
@@ -170,6 +181,9 @@ __all__ = [
     "cluster_count_at",
     "cluster_counts",
     "default_cluster_tol",
+    "density_cluster_count",
+    "density_modes",
+    "density_peak_count",
     "clusters",
     "consumed_fraction",
     "cosine_to_first",
@@ -185,6 +199,7 @@ __all__ = [
     "g",
     "h",
     "k_star",
+    "kde_circle",
     "kuramoto_order",
     "length_scale",
     "lemma51_bound",
