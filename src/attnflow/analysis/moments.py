@@ -75,14 +75,15 @@ def fourier_moments(x: Any, modes: Any) -> FourierMoments:
         raise fail("modes", "an integer K >= 1 (modes 1..K) or a sequence of integer modes",
                    repr(modes))
     n = theta.shape[-1]
-    waves = np.exp(1j * theta[..., None] * k)  # (..., n, K)
-    mean = waves.mean(axis=-2)
-    if n == 1:
-        zero = np.zeros(mean.shape)
-        return FourierMoments(k=k, mean=mean, se_real=zero, se_imag=zero, n=n)
-    root = np.sqrt(n)
-    return FourierMoments(k=k, mean=mean, se_real=waves.real.std(axis=-2, ddof=1) / root,
-                          se_imag=waves.imag.std(axis=-2, ddof=1) / root, n=n)
+    mean = np.empty((*theta.shape[:-1], k.size), dtype=complex)
+    se_real, se_imag = np.zeros(mean.shape), np.zeros(mean.shape)
+    for i, mode in enumerate(k):  # one mode at a time: (..., n) temporaries only
+        wave = np.exp(1j * mode * theta)
+        mean[..., i] = wave.mean(axis=-1)
+        if n > 1:
+            se_real[..., i] = wave.real.std(axis=-1, ddof=1) / np.sqrt(n)
+            se_imag[..., i] = wave.imag.std(axis=-1, ddof=1) / np.sqrt(n)
+    return FourierMoments(k=k, mean=mean, se_real=se_real, se_imag=se_imag, n=n)
 
 
 def wasserstein_circle(x: Any, c: Any) -> float:
