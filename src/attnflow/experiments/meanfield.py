@@ -346,7 +346,7 @@ def _figure(first, merging, params, large, bridge) -> Figure:
     ax.plot(fine, np.sqrt(2 * fine), "k--", lw=1, label="sqrt(2 beta)")
     ax.set(xscale="log", yscale="log", xlabel="beta", ylabel="clusters",
            title=f"first phase: n = {params['n']}, t1 = {params['t1']:g}")
-    ax.legend()
+    ax.legend(loc="upper left", fontsize=7)
     ax.grid(alpha=0.3, which="both")
     ex = merging["example"]
     if ex is not None:
