@@ -168,7 +168,10 @@ def plot_moments(
     real and imaginary parts of m_k as lines, each in the band m_k +- 2 sd / sqrt(n) within
     which the moments of n i.i.d. draws of rho(t) fall 95 % of the time (sd^2 = Var cos k
     theta = (1 + Re m_2k) / 2 - (Re m_k)^2, Var sin k theta = (1 - Re m_2k) / 2 - (Im m_k)^2;
-    m_2k = 0 beyond K), and the particles' values as markers at their saved times.
+    m_2k = 0 beyond K), and the particles' values as markers at their saved times; below,
+    the particles' distance from the mean field in units of that standard error, sqrt(n)
+    (M_k - m_k) / sd, in the band +-2 (readable at any n, where the top band is too thin to
+    see).
 
     result : a `MeanFieldResult`; label: its label cell (causal mask: the particles of that
         cell are averaged, token i having the label (i + 1) / n).
@@ -196,8 +199,11 @@ def plot_moments(
     got = fourier_moments(X, ks).mean  # (T, modes)
     coeffs = result.coefficients[:, label]  # (T, K + 1)
     with mpl.rc_context(STYLE):
-        fig, axes = _figure(None, figsize or (COLUMN * len(ks), 2.4), len(ks))
-        for a, k, values in zip(axes, ks, got.T):
+        fig = Figure(figsize=figsize or (COLUMN * len(ks), 4.2), layout="constrained")
+        grid = fig.subplots(2, len(ks), sharex="col", squeeze=False,
+                            gridspec_kw={"height_ratios": [3, 2]})
+        inside = particles.times <= result.times[-1] * (1 + 1e-12)
+        for a, z, k, values in zip(grid[0], grid[1], ks, got.T):
             mk = 2 * np.pi * np.conj(coeffs[:, k])
             m2k = 2 * np.pi * np.conj(coeffs[:, 2 * k]) if 2 * k <= K else 0 * mk
             sd_re = np.sqrt(np.clip((1 + m2k.real) / 2 - mk.real ** 2, 0, None))
@@ -212,10 +218,20 @@ def plot_moments(
                        label=f"{part} $m_{k}$ (mean field)")
                 a.plot(particles.times, ours, "o", ms=2.5,
                        color=colour, mfc="none", label=f"{part} $M_{k}$ ({m:,} particles)")
-            a.set_xlabel("t")
+                # the same in units of the band: sqrt(n) (M_k - m_k) / sd at the particles'
+                # times (the mean field interpolated between its saves)
+                t = particles.times[inside]
+                scale = np.interp(t, result.times, sd) / np.sqrt(m)
+                z.plot(t, (ours[inside] - np.interp(t, result.times, centre))
+                       / np.where(scale > 0, scale, np.nan), "o-", ms=2.5, lw=0.6,
+                       color=colour, mfc="none")
+            z.axhspan(-2, 2, color="0.88", lw=0)
+            z.axhline(0, color="k", lw=0.6)
+            z.set_xlabel("t")
             a.set_title(rf"mode $k = {k}$: band $\pm 2\,$sd$/\sqrt{{n}}$")
             a.set_xlim(min(result.times[0], particles.times[0]),
                        max(result.times[-1], particles.times[-1]))
-        axes[0].set_ylabel("moment")
-        axes[0].legend(loc="best", fontsize=6)
+        grid[0, 0].set_ylabel("moment")
+        grid[1, 0].set_ylabel(r"$\sqrt{n}\,(M_k - m_k)\,/\,$sd")
+        grid[0, 0].legend(loc="best", fontsize=6)
     return fig
