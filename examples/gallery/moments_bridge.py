@@ -17,7 +17,7 @@ import attnflow as af
 tiny = os.environ.get("ATTNFLOW_GALLERY_TINY") == "1"
 n, t_end = (2000, 0.5) if tiny else (1_000_000, 2.0)
 rho0 = af.meanfield.from_function(lambda t: np.exp(0.5 * np.cos(t) + 0.3 * np.sin(3 * t)),
-                                  modes=64)
+                                  modes=128)
 times = np.linspace(0, t_end, 11)
 model = af.Attention(beta=9.0, mask="full", backend="harmonic")
 traj = af.simulate(model, af.meanfield.sample(rho0, n, seed=0), t_end, dt=0.05,

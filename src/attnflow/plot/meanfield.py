@@ -105,7 +105,7 @@ def _particles(b: Axes, p: Axes, particles: Trajectory, run: int, cell: int, S: 
                result: MeanFieldResult, c: np.ndarray, points: int, bins: int | None,
                top: float) -> None:
     """The particles' histogram against time (b) and the profiles at one time (p)."""
-    shown = particles.times <= result.times[-1] * (1 + 1e-12)
+    shown = particles.times <= result.times[-1] + 1e-9 * max(1.0, abs(result.times[-1]))
     X = _states(particles, run)[shown]  # (T, n, 2)
     n = X.shape[1]
     if S > 1:  # the tokens of the label cell: labels (i + 1) / n in (cell / S, (cell + 1) / S]
@@ -202,7 +202,7 @@ def plot_moments(
         fig = Figure(figsize=figsize or (COLUMN * len(ks), 4.2), layout="constrained")
         grid = fig.subplots(2, len(ks), sharex="col", squeeze=False,
                             gridspec_kw={"height_ratios": [3, 2]})
-        inside = particles.times <= result.times[-1] * (1 + 1e-12)
+        inside = particles.times <= result.times[-1] + 1e-9 * max(1.0, abs(result.times[-1]))
         for a, z, k, values in zip(grid[0], grid[1], ks, got.T):
             mk = 2 * np.pi * np.conj(coeffs[:, k])
             m2k = 2 * np.pi * np.conj(coeffs[:, 2 * k]) if 2 * k <= K else 0 * mk
