@@ -192,8 +192,8 @@ def inverse_cdf(c: Any, q: Any) -> np.ndarray:
     F and rho are tabulated exactly (by FFT) on M >= max(2^16, 256 (K + 1)) equal steps h;
     each level is located in its step and solved on the cubic Hermite interpolant of F there
     (values F, slopes rho), whose error is at most h^4 max|rho'''| / 384: about 1e-14 of the
-    mass for the densities the solver resolves. O(M log M + len(q)) work: a million levels
-    take a fraction of a second."""
+    mass for the densities the solver resolves. O(M log M + len(q)) work (the exact sum at
+    every level, used before, was O(len(q) K))."""
     c = one_density(c)
     q = np.asarray(q, dtype=float)
     if q.size and (not np.all(np.isfinite(q)) or q.min() < 0 or q.max() >= 1):
