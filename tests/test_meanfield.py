@@ -384,14 +384,19 @@ def test_picture_shows_the_density_against_time_and_angle_with_particles():
     traj = af.simulate(model, circle(quantiles(rho0[0], 50)), 1.0, save_at=np.linspace(0, 1, 6))
     fig = plot_meanfield(res, particles=traj, points=128)
     ax = fig.axes[0]
-    mesh, dots = ax.collections
+    (mesh,) = ax.collections
     shown = np.asarray(mesh.get_array()).reshape(128, 6)  # (theta, time)
     theta = -np.pi + TWO_PI * np.arange(128) / 128
     k = np.arange(33)
     weights = np.where(k == 0, 1.0, 2.0)  # rho = c_0 + 2 Re sum_{k >= 1} c_k e^{i k theta}
     direct = np.real(np.exp(1j * np.outer(theta, k)) @ (weights * res.coefficients[:, 0]).T)
     assert np.abs(shown - direct).max() < 1e-12
-    assert len(dots.get_offsets()) == 6 * 50
+    # the particles' own panel: a histogram per saved time (16 bins for 50 tokens), as numpy
+    (hist,) = fig.axes[1].collections
+    shown = np.asarray(hist.get_array()).reshape(16, 6)
+    phi = np.arctan2(traj.states[..., 1], traj.states[..., 0])  # (6, 50)
+    direct = [np.histogram(a, 16, (-np.pi, np.pi))[0] / (50 * TWO_PI / 16) for a in phi]
+    assert np.allclose(shown.T, direct)
     with pytest.raises(ValueError, match="points"):
         plot_meanfield(res, points=64)
 

@@ -98,7 +98,7 @@ def test_longcontext_width_and_verdicts():
 def test_meanfield_numbers_and_verdicts(tmp_path):
     res = _run("meanfield", tmp_path, n=40, runs=2, betas=[4, 16], merge_n=10, merge_runs=2,
                merge_betas=[3, 4], merge_t_end=1e4, merge_saves=120, large_n=300,
-               large_betas=[4, 16])
+               large_betas=[4, 16], bridge_n=300, bridge_betas=[4], bridge_refine=128)
     first = res["numbers"]["first_phase"]
     assert first["k_star"] == [k_star(4.0), k_star(16.0)]
     assert all(1 <= c <= 40 for row in first["counts"] for c in row)
@@ -110,7 +110,19 @@ def test_meanfield_numbers_and_verdicts(tmp_path):
         k = k_star(beta)
         rate = k * k * iv(k, beta) / (beta * iv(0, beta))
         assert t1 == pytest.approx(10.0 + np.log(300 / 1000) / (2 * rate), rel=1e-12)
-    assert res["claims"][-1]["id"] == "meanfield.first_large_n"
+    assert [c["id"] for c in res["claims"][-2:]] == ["meanfield.first_large_n",
+                                                     "meanfield.bridge_large_n"]
+    assert len(large["density_counts"]) == 2
+    bridge = res["numbers"]["bridge"]
+    assert bridge["n"] == 300 and bridge["t_c"][0] <= bridge["t1"][0] + 1e-12
+    assert bridge["token_counts"][0] >= 1 and bridge["solver_peaks"][0] >= 1
+    same = {"betas": [4, 16], "n": 10**5, "t_c": [5.0, 4.0], "resolution_lost_at": [None, 4.0],
+            "token_counts": [3, 6], "solver_peaks": [3, 6], "k_star": [3, 6]}
+    assert meanfield._bridge_claim(same, meanfield.QUICK).verdict == "reproduced"
+    near = {**same, "token_counts": [3, 5]}
+    assert meanfield._bridge_claim(near, meanfield.QUICK).verdict == "partly"
+    assert meanfield._bridge_claim({**same, "token_counts": [3, 3]},
+                                   meanfield.QUICK).verdict == "not reproduced"
     share = res["numbers"]["merging"]["energy_share_in_merges"]
     assert all(0.0 <= s <= 1.0 for s in share if s == s)
     params = dict(meanfield.QUICK)

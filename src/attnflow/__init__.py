@@ -39,6 +39,8 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
     "LimitStatistics", "cap_constant", "critical_beta", "limit_keys", "limit_statistics",
     "mean_kernel", "nearest_gaps", "poisson_gaps", "sample_gaps", "weight_statistics",
     "three_token_state", "triangle_rates", "triangle_threshold",
+    "FourierMoments", "fourier_moments", "wasserstein_circle", "DensityModes",
+    "density_cluster_count", "density_modes", "density_peak_count", "kde_circle",
     "StationaryBranch", "TransitionStrengths", "funk_hecke", "instability_strength",
     "landau_coefficient", "linear_fluctuation", "mode_growth_rate", "stationary_branch",
     "stationary_order", "transition_strengths", "tricritical_beta",

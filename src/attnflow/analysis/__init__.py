@@ -28,6 +28,11 @@
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients; with ALiBi (§11.1): the Hardy label, the
   retrieval profile, the soft accuracy and the critical time of recency.
+* modes: clusters as the modes of a kernel density at the length scale beta^{-1/2}, counted
+  by persistence with a mass fraction (`density_cluster_count`; `density_peak_count` for a
+  density's coefficients): a count that means the same at n = 10 and n = 10^6.
+* moments: particles against a density on the circle (docs/science.md §9): the Fourier
+  moments with their standard errors, the Wasserstein-1 distance (closed form on the circle).
 * selectivity: one query over n iid uniform keys on S^{d-1} (docs/science.md §11.4): the
   critical scale beta_n = gamma n^{2/(d-1)}, the moments of the weights' limit law (a Poisson
   process of the nearest keys), exact samplers of the gaps 1 - <q, k>, the weights'
@@ -99,6 +104,14 @@ from attnflow.analysis.kinetic import (
     soft_accuracy,
     soft_weights,
 )
+from attnflow.analysis.modes import (
+    DensityModes,
+    density_cluster_count,
+    density_modes,
+    density_peak_count,
+    kde_circle,
+)
+from attnflow.analysis.moments import FourierMoments, fourier_moments, wasserstein_circle
 from attnflow.analysis.parking import (
     RENYI_PARKING_CONSTANT,
     cap_mass,
@@ -152,6 +165,8 @@ __all__ = [
     "ROWS",
     "AtlasPrediction",
     "Clusters",
+    "DensityModes",
+    "FourierMoments",
     "Lemma51Bound",
     "ObservedConfiguration",
     "RemarkB2Check",
@@ -166,6 +181,9 @@ __all__ = [
     "cluster_count_at",
     "cluster_counts",
     "default_cluster_tol",
+    "density_cluster_count",
+    "density_modes",
+    "density_peak_count",
     "clusters",
     "consumed_fraction",
     "cosine_to_first",
@@ -177,9 +195,11 @@ __all__ = [
     "equiangular_start",
     "expected_renyi_centers_circle",
     "expected_strong_centers",
+    "fourier_moments",
     "g",
     "h",
     "k_star",
+    "kde_circle",
     "kuramoto_order",
     "length_scale",
     "lemma51_bound",
@@ -205,6 +225,7 @@ __all__ = [
     "theorem52_max_N",
     "theorem52_min_beta",
     "uniform_fluctuation",
+    "wasserstein_circle",
     "causal_memory",
     "cell_memory",
     "growth_rate",

@@ -41,6 +41,7 @@ import numpy as np
 from scipy.special import gammaincc, ive
 
 from attnflow._checks import fail
+from attnflow.analysis._density import cdf_table, hermite, one_density
 from attnflow.analysis.family import dispersion_rate
 
 __all__ = ["alibi_memory", "causal_memory", "cell_memory", "growth_rate", "hardy_kernel",
@@ -185,35 +186,24 @@ def recency_time(beta: float, slope: float, width: float = SOFT_WIDTH,
 def inverse_cdf(c: Any, q: Any) -> np.ndarray:
     """The angles theta in [0, 2 pi) with F(theta) = q, F(theta) = int_0^theta rho the
     distribution function of the density rho(theta) = sum_{|k| <= K} c_k e^{i k theta} given
-    by its coefficients c (K + 1,) (c_0 = 1 / (2 pi), rho > 0), for levels q in [0, 1)
-    (any shape). Linear interpolation on a table, then Newton steps on the exact F: accurate
-    to about 1e-14 radians."""
-    c = np.asarray(c, dtype=complex)
+    by its coefficients c (K + 1,) or (1, K + 1) (the mean-field solver's shape; c_0 =
+    1 / (2 pi), rho >= 0), for levels q in [0, 1) (any shape).
+
+    F and rho are tabulated exactly (by FFT) on M >= max(2^16, 256 (K + 1)) equal steps h;
+    each level is located in its step and solved on the cubic Hermite interpolant of F there
+    (values F, slopes rho), whose error is at most h^4 max|rho'''| / 384: about 1e-14 of the
+    mass for the densities the solver resolves. O(M log M + len(q)) work (the exact sum at
+    every level, used before, was O(len(q) K))."""
+    c = one_density(c)
     q = np.asarray(q, dtype=float)
-    if c.ndim != 1 or not np.isclose(2 * np.pi * c[0].real, 1.0) or np.any(q < 0) or np.any(
-            q >= 1):
-        raise fail("c, q", "coefficients (K + 1,) of a density of mass 1 and levels in [0, 1)",
-                   f"c of shape {c.shape}, q in [{q.min()}, {q.max()}]")
-    grid = np.linspace(0.0, 2 * np.pi, (1 << 14) + 1)
-    theta = np.interp(q, _cdf(c, grid), grid)
-    for _ in range(3):
-        theta = theta - (_cdf(c, theta) - q) / _density(c, theta)
-    return np.mod(theta, 2 * np.pi)
-
-
-def _cdf(c: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    k = np.arange(1, len(c))
-    out = theta / (2 * np.pi)
-    for chunk in np.array_split(np.arange(theta.size), max(1, theta.size // 65536)):
-        th = theta.ravel()[chunk][:, None]
-        out.ravel()[chunk] += 2 * np.real((np.exp(1j * k * th) - 1) / (1j * k) @ c[1:])
-    return out
-
-
-def _density(c: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    k = np.arange(1, len(c))
-    out = np.full(theta.shape, c[0].real)
-    for chunk in np.array_split(np.arange(theta.size), max(1, theta.size // 65536)):
-        th = theta.ravel()[chunk][:, None]
-        out.ravel()[chunk] += 2 * np.real(np.exp(1j * k * th) @ c[1:])
-    return out
+    if q.size and (not np.all(np.isfinite(q)) or q.min() < 0 or q.max() >= 1):
+        raise fail("q", "levels in [0, 1)", f"levels in [{np.min(q)}, {np.max(q)}]")
+    table = cdf_table(c)
+    M = len(table.F) - 1
+    j = np.clip(np.searchsorted(np.maximum.accumulate(table.F), q, side="right") - 1, 0, M - 1)
+    F0, F1 = table.F[j], table.F[j + 1]
+    s = np.clip((q - F0) / np.where(F1 > F0, F1 - F0, 1.0), 0.0, 1.0)
+    for _ in range(4):  # Newton on the Hermite cubic H(s) = q, s in [0, 1]
+        H, dH = hermite(table, j, s)
+        s = np.clip(s - (H - q) / np.where(dH > 0, dH, np.inf), 0.0, 1.0)
+    return np.mod((j + s) * table.h, 2 * np.pi)

@@ -32,6 +32,8 @@ from matplotlib.figure import Figure
 from attnflow.analysis import (
     cluster_count,
     default_cluster_tol,
+    density_cluster_count,
+    density_peak_count,
     dispersion_rate,
     k_star,
     log_energy,
@@ -39,6 +41,7 @@ from attnflow.analysis import (
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention
+from attnflow.meanfield import from_coefficients, sample, solve
 from attnflow.simulate import simulate
 from attnflow.sphere import uniform
 
@@ -51,29 +54,35 @@ QUICK: dict[str, Any] = {
     "merge_saves": 240, "merge_window": [2, 1], "bootstrap": 2000,
     "large_n": 4000, "large_runs": 1, "large_betas": [4, 16, 64], "large_dt": 0.1,
     "large_n_ref": 1000, "large_backend": "harmonic:1e-9",
+    "bridge_n": 4000, "bridge_betas": [4, 16, 64], "bridge_modes": 64, "bridge_refine": 1024,
 }
 FULL: dict[str, Any] = {**QUICK, "n": 1000, "runs": 8, "merge_runs": 24,
                         "merge_betas": [3, 4, 5, 6, 7], "large_n": 100_000, "large_runs": 2,
-                        "large_betas": [4, 9, 16, 25, 49, 100]}
+                        "large_betas": [4, 9, 16, 25, 49, 100], "bridge_n": 100_000}
 # measured: 8.4 min of CPU time, 20 min wall with the large-n count (2026-12-03, a shared
-# machine at load up to 14); 5.7 min of CPU time before it
-FULL_MINUTES = 9
+# machine at load up to 14); 5.7 min of CPU time before it. The bridge at n = 1e5 (beta 4,
+# 16, 64) adds 7.7 min wall (2026-12-04, a machine at load 10-17; CPU time not measured)
+FULL_MINUTES = 12
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
-    streams = np.random.SeedSequence(seed).spawn(3)
+    streams = np.random.SeedSequence(seed).spawn(4)
     first = _first_phase(params, np.random.default_rng(streams[0]),
                          lambda f: progress(0.4 * f))
     merging = _merging(params, np.random.default_rng(streams[1]),
                        lambda f: progress(0.4 + 0.4 * f))
     large = _large_n(params, np.random.default_rng(streams[2]),
-                     lambda f: progress(0.8 + 0.2 * f))
+                     lambda f: progress(0.8 + 0.1 * f))
+    bridge = _bridge(params, np.random.default_rng(streams[3]),
+                     lambda f: progress(0.9 + 0.1 * f))
     claims = [_first_claim(first, params), _staircase_claim(merging, params),
-              _waiting_claim(merging, params), _large_claim(large, params)]
-    figures = [save_figure(_figure(first, merging, params, large), out, "meanfield.png")]
+              _waiting_claim(merging, params), _large_claim(large, params),
+              _bridge_claim(bridge, params)]
+    figures = [save_figure(_figure(first, merging, params, large, bridge), out,
+                           "meanfield.png")]
     numbers = {"first_phase": first, "merging": {k: v for k, v in merging.items()
                                                  if k != "example"},
-               "example": merging["example"], "large_n": large}
+               "example": merging["example"], "large_n": large, "bridge": bridge}
     notes = [f"First phase: n = {params['n']}, {params['runs']} runs per beta, RK4 dt = "
              f"{params['dt']:g} to t1 = {params['t1']:g}; clusters by single linkage at "
              "beta^-1/2 / 4. Merging: n = "
@@ -83,7 +92,12 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
              "while fewer than half the runs are censored). Large n: n = "
              f"{params['large_n']}, {params['large_runs']} runs per beta, RK4 dt = "
              f"{params['large_dt']:g} with the {params['large_backend']} kernel to t1(n) = "
-             f"t1 + log(n / {params['large_n_ref']}) / (2 lambda_k*)."]
+             f"t1 + log(n / {params['large_n_ref']}) / (2 lambda_k*). Bridge: n = "
+             f"{params['bridge_n']} tokens at the quantiles of the uniform density plus the "
+             "fluctuations of as many iid tokens in the modes 1..2 k*, against the mean-field "
+             f"solver from that density ({params['bridge_modes']} modes, refined up to "
+             f"{params['bridge_refine']}); both counted by analysis.density_cluster_count / "
+             "density_peak_count (von Mises kernel of width beta^-1/2, mass 1 %, depth 30 %)."]
     return Output(numbers, claims, figures, notes)
 
 
@@ -116,20 +130,56 @@ def _large_n(params, rng, progress) -> dict[str, Any]:
     """The first-phase count at n = large_n, each beta at its own t1(n) (`large_t1`)."""
     betas = [float(b) for b in params["large_betas"]]
     x0 = uniform((params["large_runs"], params["large_n"]), 2, rng)
-    counts, times = [], []
+    counts, density, times = [], [], []
     for i, beta in enumerate(betas):
         t1 = large_t1(params["t1"], params["large_n"], params["large_n_ref"], beta)
         model = Attention(beta=beta, mask="full", backend=params["large_backend"])
         traj = simulate(model, x0, t1, save_at=[0.0, t1], method="rk4", dt=params["large_dt"])
         counts.append(cluster_count(traj.final, default_cluster_tol(beta)))
+        density.append(density_cluster_count(traj.final, beta))
         times.append(t1)
         progress((i + 1) / len(betas))
     counts = np.array(counts)  # (betas, runs)
     mean, kstar, log_b = counts.mean(axis=1), np.array([k_star(b) for b in betas]), np.log(betas)
     return {"betas": betas, "n": params["large_n"], "t1": times, "counts": counts,
+            "density_counts": np.array(density),
             "mean": mean, "k_star": kstar,
             "slope": float(np.polyfit(log_b, np.log(mean), 1)[0]),
             "slope_k_star": float(np.polyfit(log_b, np.log(kstar), 1)[0])}
+
+
+def _bridge(params, rng, progress) -> dict[str, Any]:
+    """Tokens against the mean field, counted by one instrument (`density_cluster_count`,
+    `density_peak_count`): for each beta, rho0 = uniform plus the fluctuations of n iid tokens
+    in the modes 1..2 k* (mode k's coefficient g / (2 pi sqrt(n)), g complex standard normal:
+    E|M_k|^2 = 1/n as for iid tokens), the solver to t1(n) (refined up to bridge_refine modes;
+    t_c its last resolved time), the n tokens at the quantiles of rho0 simulated to t_c."""
+    betas = [float(b) for b in params["bridge_betas"]]
+    n, K = params["bridge_n"], params["bridge_modes"]
+    peaks, counts, t_c, t_one, lost = [], [], [], [], []
+    for i, beta in enumerate(betas):
+        top = min(2 * k_star(beta), K)
+        c = np.zeros(K + 1, dtype=complex)
+        c[0] = 1 / (2 * np.pi)
+        c[1:top + 1] = (rng.standard_normal(top) + 1j * rng.standard_normal(top)) / (
+            np.sqrt(2 * n) * 2 * np.pi)
+        rho0 = from_coefficients(c)
+        t1 = large_t1(params["t1"], n, params["large_n_ref"], beta)
+        model = Attention(beta=beta, mask="full")
+        field = solve(model, rho0, t1, save_at=[0.0, t1], refine_to=params["bridge_refine"])
+        tc = float(field.times[-1])
+        traj = simulate(Attention(beta=beta, mask="full", backend=params["large_backend"]),
+                        sample(rho0, n, method="quantile"), tc, save_at=[0.0, tc],
+                        method="rk4", dt=params["large_dt"])
+        peaks.append(density_peak_count(field.coefficients[-1], beta).count)
+        counts.append(int(density_cluster_count(traj.final, beta)))
+        t_c.append(tc)
+        t_one.append(t1)
+        lost.append(field.resolution_lost_at)
+        progress((i + 1) / len(betas))
+    return {"betas": betas, "n": n, "t_c": t_c, "t1": t_one, "resolution_lost_at": lost,
+            "solver_peaks": peaks, "token_counts": counts,
+            "k_star": [k_star(b) for b in betas]}
 
 
 def _merging(params, rng, progress) -> dict[str, Any]:
@@ -229,7 +279,25 @@ def _large_claim(large, params) -> Claim:
         + f"; log-log slope {large['slope']:.3f} vs k*'s {large['slope_k_star']:.3f}",
         values={"count_off": float(np.max(np.abs(ratio - 1.0))),
                 "slope_off": abs(large["slope"] - large["slope_k_star"])},
+        note="the instrument: single linkage chains through dense tokens (consecutive tokens "
+        "about 2 pi / n apart); the density count (beta^-1/2 kernel) of the same tokens: "
+        + ", ".join(f"beta={b:g}: {np.mean(d):.1f}" for b, d in
+                    zip(large["betas"], large["density_counts"])),
         n=large["n"], runs=params["large_runs"])
+
+
+def _bridge_claim(bridge, params) -> Claim:
+    tokens, peaks = np.array(bridge["token_counts"]), np.array(bridge["solver_peaks"])
+    return claim(
+        "meanfield.bridge_large_n",
+        measured=f"n = {bridge['n']}: tokens' density count / solver's peaks at t_c: " + ", ".join(
+            f"beta={b:g} (t_c = {t:.2f}{'' if lost is None else ', resolution lost'}): "
+            f"{c}/{p} (k* = {k})" for b, t, lost, c, p, k in
+            zip(bridge["betas"], bridge["t_c"], bridge["resolution_lost_at"], tokens, peaks,
+                bridge["k_star"])),
+        values={"mismatches": int(np.sum(tokens != peaks)),
+                "largest_off": float(np.max(np.abs(tokens - peaks) / peaks))},
+        n=bridge["n"])
 
 
 def _staircase_claim(merging, params) -> Claim:
@@ -261,19 +329,25 @@ def _waiting_claim(merging, params) -> Claim:
                 "rss_ratio": ratio})
 
 
-def _figure(first, merging, params, large) -> Figure:
+def _figure(first, merging, params, large, bridge) -> Figure:
     fig = Figure(figsize=(14.0, 4.2))
     ax, bx, cx = fig.subplots(1, 3)
     betas = np.array(first["betas"])
     ax.errorbar(betas, first["mean"], yerr=first["se"], fmt="o", label="clusters at t1")
     ax.plot(large["betas"], large["mean"], "^", color="tab:green",
             label=f"clusters at t1(n), n = {large['n']:g}")
+    ax.plot(large["betas"], large["density_counts"].mean(axis=1), "v", color="tab:olive",
+            label=f"density count at t1(n), n = {large['n']:g}")
+    ax.plot(bridge["betas"], bridge["solver_peaks"], "P", color="tab:purple", mfc="none",
+            ms=9, label="mean-field peaks at t_c")
+    ax.plot(bridge["betas"], bridge["token_counts"], "x", color="tab:purple",
+            label=f"density count at t_c, n = {bridge['n']:g} (quantile start)")
     ax.plot(betas, first["k_star"], "s", mfc="none", label="k* = argmax k^2 I_k(beta)")
     fine = np.geomspace(betas[0], betas[-1], 50)
     ax.plot(fine, np.sqrt(2 * fine), "k--", lw=1, label="sqrt(2 beta)")
     ax.set(xscale="log", yscale="log", xlabel="beta", ylabel="clusters",
            title=f"first phase: n = {params['n']}, t1 = {params['t1']:g}")
-    ax.legend()
+    ax.legend(loc="upper left", fontsize=7)
     ax.grid(alpha=0.3, which="both")
     ex = merging["example"]
     if ex is not None:

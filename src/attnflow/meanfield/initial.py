@@ -8,6 +8,7 @@ full mask's one density; S > 1 label cells ((j - 1) / S, j / S], j = 1..S, for t
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -91,6 +92,10 @@ def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
     P = max(8 * K, 256)
     theta = 2 * np.pi * np.arange(P) / P
     S = 1 if labels is None else _labels(labels)
+    arity = _arity(f)
+    if arity is not None and arity != (1 if labels is None else 2):
+        raise fail("labels", "an integer S >= 1 (label cells) for f(s, theta) of two arguments, "
+                   "None for f(theta) of one", f"{labels!r} with f of {arity} arguments")
     values = finite_array("f", f(theta) if labels is None else f(
         label_nodes(scheme, S)[:, None], theta), dtype=float)
     try:
@@ -142,6 +147,20 @@ def from_tokens(x: Any, modes: int, width: float, labels: int | None = None,
     np.add.at(sums, cell, waves)
     c = sums / counts[:, None] / (2 * np.pi) * np.exp(-0.5 * (np.arange(K + 1) * w) ** 2)
     return check_coefficients(c, "x", tol)
+
+
+def _arity(f: Callable[..., Any]) -> int | None:
+    """The number of positional arguments f requires (1 or 2 here), None when it cannot be
+    told (a ufunc, *args) or it is not 1 or 2."""
+    try:
+        params = inspect.signature(f).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    required = sum(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                   for p in params)
+    return required if required in (1, 2) else None
 
 
 def _modes(modes: Any) -> int:

@@ -26,7 +26,8 @@ first time shown; eigenvectors of V come from one chosen layer (`frame`, default
 
 The pictures live in one module each: `projection` (`frame`, `Frame`), `circle`, `sphere`,
 `series` (counts and angles against time), `attention`, `movies` (`animate`) and
-`meanfield` (a mean-field density against time and angle, particles over it).
+`meanfield` (a mean-field density against time and angle with the particles' histogram beside
+it; the particles' Fourier moments in their 1/sqrt(n) band).
 """
 
 # The style's constants stay reachable as attnflow.plot.STYLE etc., as before the split.
@@ -37,7 +38,7 @@ from attnflow.plot._style import STYLE as STYLE
 from attnflow.plot._style import TOKEN_CMAP as TOKEN_CMAP
 from attnflow.plot.attention import plot_attention
 from attnflow.plot.circle import plot_circle
-from attnflow.plot.meanfield import plot_meanfield
+from attnflow.plot.meanfield import plot_meanfield, plot_moments
 from attnflow.plot.movies import animate
 from attnflow.plot.projection import Frame, frame
 from attnflow.plot.series import plot_angles, plot_timeseries
@@ -51,6 +52,7 @@ __all__ = [
     "plot_attention",
     "plot_circle",
     "plot_meanfield",
+    "plot_moments",
     "plot_sphere",
     "plot_timeseries",
 ]
