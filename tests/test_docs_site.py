@@ -53,7 +53,7 @@ def test_docs_extra_and_ci_build_the_site():
     assert re.search(r'^docs = \[.*"mkdocs>=.*"mkdocs-material>=.*"mkdocstrings\[python\]',
                      project, re.M)
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "mkdocs build --strict" in ci and '.[all,torch,test,docs]' in ci
+    assert "mkdocs build --strict" in ci and '.[all,torch,test,docs,gpu]' in ci
 
 
 def test_prose_after_the_colon_becomes_the_description():

@@ -19,8 +19,9 @@ import numpy as np
 
 from attnflow._checks import fail
 from attnflow.family.stack import Model, segments
-from attnflow.integrate import FIXED_STEP, check_solver_args
+from attnflow.integrate import DEFAULT_DT, FIXED_STEP, check_solver_args
 from attnflow.presets import matrix_from_spec
+from attnflow.savetimes import on_step_grid
 from attnflow.sweeps.axes import MATRICES, REQUIRED, integer, is_number, model_kind, real
 from attnflow.sweeps.axes import axes as grid_axes
 from attnflow.sweeps.metrics import METRICS, Keep
@@ -212,15 +213,24 @@ def tolerances(method: str, rtol: float | None, atol: float | None
 
 
 def _save_times(axes: dict, fixed: dict, t_end: float, save_at: Any) -> np.ndarray:
-    """The shared save times; also checks every (method, dt, rtol, atol) combination."""
+    """The shared save times; also checks every (method, dt, rtol, atol) combination. The
+    default times move to the step grid, as `attnflow.simulate` moves them, when every
+    combination steps with fixed steps on the same grid of save times (so a point's run is
+    the run `simulate` makes with its defaults); otherwise they stay as generated."""
     get = {k: axes.get(k, (fixed.get(k),)) for k in ("method", "dt", "rtol", "atol")}
-    times = None
+    times, grids = None, set()
     for method, dt, rtol, atol in itertools.product(*get.values()):
         try:
-            _, times, *_ = check_solver_args(method, t_end, save_at, dt,
-                                             *tolerances(method, rtol, atol))
+            _, times, dt, *_ = check_solver_args(method, t_end, save_at, dt,
+                                                 *tolerances(method, rtol, atol))
         except ValueError as err:
             raise ValueError(f"grid.{err}") from None
+        grids.add(tuple(on_step_grid(times, DEFAULT_DT if dt is None else dt))
+                  if method in FIXED_STEP else None)
+    default = save_at is None or (isinstance(save_at, str) and save_at == "default")
+    if default and len(grids) == 1 and None not in grids and "noise" not in axes and (
+            fixed.get("noise") is None):
+        return np.array(grids.pop())
     return times
 
 
