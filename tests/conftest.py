@@ -30,3 +30,15 @@ def weight_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ATTNFLOW_CACHE", str(tmp_path_factory.mktemp("weight-cache")))
         yield
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch's intra-op threads on tiny tensors: on a loaded 2-core machine, each call
+    waits milliseconds at the OpenMP barrier for a descheduled thread (8 us -> 35 ms). The
+    torch test modules use it (`pytestmark`)."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

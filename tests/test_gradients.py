@@ -13,14 +13,7 @@ from attnflow.sphere import uniform
 torch = pytest.importorskip("torch")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """torch's intra-op threads on tiny tensors: on a loaded 2-core machine, each call
-    waits milliseconds at the OpenMP barrier for a descheduled thread (8 us -> 35 ms)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 N, D, H = 5, 3, 6
 
