@@ -215,3 +215,13 @@ def test_checkpoint_arguments_are_checked():
         af.simulate(af.Attention(), x0, 1.0, device="cpu", checkpoint=0)
     with pytest.raises(ValueError, match="device: expected a torch device"):
         af.simulate(af.Attention(), x0, 1.0, device="nowhere")
+
+
+def test_a_device_torch_cannot_reach_is_one_line_and_the_record_names_the_kernel():
+    if torch.cuda.is_available():
+        pytest.skip("this torch reaches a CUDA device")
+    x = torch.tensor(uniform(8, 2, 0))
+    with pytest.raises(ValueError, match=r"^device: expected a device this torch can reach"):
+        af.simulate(af.Attention(beta=2.0), x, 1.0, device="cuda")
+    traj = af.simulate(af.Attention(beta=2.0, mask="causal"), x, 0.5)
+    assert traj.integrator["kernel"] == "torch" and traj.integrator["device"] == "cpu"

@@ -208,6 +208,9 @@ def on_device(x0: Any, device: Any, params: list[Any]) -> Any:
         except (RuntimeError, TypeError):
             raise fail("device", "a torch device ('cpu', 'cuda', 'cuda:1', ...) or None",
                        repr(device)) from None
+        if target.type == "cuda" and not torch.cuda.is_available():
+            raise fail("device", "a device this torch can reach ('cpu' here: this torch has "
+                       "no CUDA device, or was built without CUDA)", repr(device))
     else:
         target = x0.device if is_tensor(x0) else params[0].device
     if not is_tensor(x0):

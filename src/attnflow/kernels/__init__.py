@@ -79,6 +79,8 @@ def kernel_name(kernel: Kernel) -> str:
     for name, registered in KERNELS.items():
         if kernel is registered:
             return name
+    if kernel is torch_kernel.attend_tensor:  # auto's choice for tensors (`auto.choose_tensor`)
+        return "torch"
     return getattr(kernel, "__qualname__", type(kernel).__name__)
 
 
