@@ -225,3 +225,14 @@ def test_a_device_torch_cannot_reach_is_one_line_and_the_record_names_the_kernel
         af.simulate(af.Attention(beta=2.0), x, 1.0, device="cuda")
     traj = af.simulate(af.Attention(beta=2.0, mask="causal"), x, 0.5)
     assert traj.integrator["kernel"] == "torch" and traj.integrator["device"] == "cpu"
+
+
+def test_a_tensor_run_is_drawn_and_explored_from_a_host_copy():
+    from attnflow.explorer.pack import pack
+
+    x = torch.tensor(uniform(12, 2, 0), requires_grad=True)
+    traj = af.simulate(af.Attention(beta=9.0, mask="causal"), x, 1.0)
+    host = af.simulate(af.Attention(beta=9.0, mask="causal"), uniform(12, 2, 0), 1.0)
+    assert af.plot.plot_circle(traj) is not None
+    # the explorer's frames of the tensor run are those of the numpy run (quantised angles)
+    assert pack(traj)["frames"] == pack(host)["frames"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from attnflow._array import to_numpy
 from attnflow._checks import fail, positive
 from attnflow.analysis import default_cluster_tol, length_scale
 from attnflow.trajectory import Trajectory
@@ -36,9 +37,9 @@ def _causal_marks(traj: Trajectory, centers: bool | None) -> bool:
 def _runs(traj: Any, raw: bool = False) -> np.ndarray:
     """The trajectory's token directions x / |x| as (T, runs, n, d) (what is drawn: the states
     themselves on the sphere, their directions for pre- and peri-LN runs in R^d), or with
-    `raw` its states (what a layer acts on)."""
+    `raw` its states (what a layer acts on); a run on torch tensors is drawn from a host copy."""
     T, n, d = len(_trajectory(traj).times), traj.n, traj.d
-    return (traj.states if raw else traj.directions).reshape(T, -1, n, d)
+    return to_numpy(traj.states if raw else traj.directions).reshape(T, -1, n, d)
 
 
 def _states(traj: Trajectory, run: int | None, raw: bool = False) -> np.ndarray:
