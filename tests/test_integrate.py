@@ -10,7 +10,7 @@ from conftest import random_matrix
 from scipy.integrate import solve_ivp
 
 import attnflow as af
-from attnflow.integrate import METHODS as ALL_METHODS
+from attnflow.methods import METHODS as ALL_METHODS
 from attnflow.sphere import geodesic_distance, normalize, uniform
 
 METHODS = tuple(m for m in ALL_METHODS if m != "events")  # hardmax only: test_hardmax.py
@@ -352,7 +352,7 @@ def test_rk4_step_on_the_sphere_matches_the_formula(d, dtype):
 def test_the_step_count_is_bounded_before_a_run():
     """At most MAX_STEPS steps: t_end / dt for the fixed-step methods (the error names dt
     when the step is what is too small), t_end <= MAX_STEPS * DEFAULT_DT for the others."""
-    from attnflow.integrate import DEFAULT_DT, MAX_STEPS, check_solver_args
+    from attnflow.methods import DEFAULT_DT, MAX_STEPS, check_solver_args
 
     top = MAX_STEPS * DEFAULT_DT
     for method in ("rk4", "dopri5", "bdf"):

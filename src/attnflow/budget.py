@@ -70,7 +70,7 @@ def run_cost(model: Any, x0: np.ndarray, times: np.ndarray, method: str, store: 
              kernel: Any) -> Cost:
     """The cost (`Cost`) of integrating x0 (..., n, d) under `model` with `method`, keeping
     `store` (`attnflow.store.STORES`) at `times`, the attention computed by `kernel`."""
-    from attnflow.integrate import FIXED_STEP
+    from attnflow.methods import FIXED_STEP
 
     state = x0.nbytes
     runs = int(np.prod(x0.shape[:-2], dtype=int))
@@ -94,7 +94,7 @@ def run_cost(model: Any, x0: np.ndarray, times: np.ndarray, method: str, store: 
 def _field_peak(model: Any, x0: np.ndarray, kernel: Any, method: str) -> int:
     """The peak memory of one field evaluation at x0, measured on its first `PROBE` tokens
     (all of them where the model fixes n) and scaled (module docstring)."""
-    from attnflow.integrate import IMPLICIT
+    from attnflow.implicit import IMPLICIT
     from attnflow.kernels import dense
 
     layer = model.layers[0]

@@ -27,21 +27,19 @@ from attnflow.budget import CHUNK_BYTES, Cost, check_budget, run_cost
 from attnflow.events import Switching, integrate_events
 from attnflow.family import Block, Model, Stack, segments
 from attnflow.implicit import IMPLICIT
-from attnflow.integrate import (
-    DEFAULT_DT,
-    EVENTS,
-    FIXED_STEP,
-    NOISY,
-    Drift,
-    Noise,
-    check_solver_args,
-    check_tensor_method,
-    integrate,
-)
+from attnflow.integrate import Drift, Noise, integrate
 from attnflow.kernels import hardmax, harmonic, kernel_name
 from attnflow.kernels.auto import harmonic_or_blocked
 from attnflow.kernels.fused import tile_runs
 from attnflow.manifolds import SPHERE
+from attnflow.methods import (
+    DEFAULT_DT,
+    EVENTS,
+    FIXED_STEP,
+    NOISY,
+    check_solver_args,
+    check_tensor_method,
+)
 from attnflow.savetimes import is_generated, on_step_grid
 from attnflow.sphere import inner
 from attnflow.store import Keep, check_store, summaries

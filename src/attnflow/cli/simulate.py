@@ -27,8 +27,8 @@ from attnflow.family.text import (
     layers_from_npz,
     option_names,
 )
-from attnflow.integrate import METHODS, NOISY, check_solver_args
 from attnflow.kernels.masks import mask_from_text
+from attnflow.methods import METHODS, NOISY, check_solver_args
 from attnflow.presets import SPEC_HELP, matrix_from_spec
 from attnflow.savetimes import TEXT_HELP as SAVE_HELP
 from attnflow.trajectory import FORMATS

@@ -41,7 +41,7 @@ import numpy as np
 from attnflow._checks import fail, number
 from attnflow.errors import NonFiniteStateError
 from attnflow.family import Block
-from attnflow.integrate import check_solver_args, rk4_step
+from attnflow.integrate import rk4_step
 from attnflow.manifolds import EUCLIDEAN
 from attnflow.meanfield import sphere
 from attnflow.meanfield.initial import DEFAULT_TAIL, check_coefficients, tail
@@ -49,6 +49,7 @@ from attnflow.meanfield.labels import SCHEMES, Labels
 from attnflow.meanfield.model import MeanFieldModel
 from attnflow.meanfield.result import MeanFieldResult, check_path
 from attnflow.meanfield.spectral import TransportField, to_grid
+from attnflow.methods import check_solver_args
 
 __all__ = ["DEFAULT_DT", "solve"]
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from attnflow._checks import fail, inverse_temperature
 from attnflow.family.text import DEFAULTS, family_options, option_names
-from attnflow.integrate import METHODS
 from attnflow.kernels import KERNELS, get_kernel
 from attnflow.kernels.masks import mask_from_text
+from attnflow.methods import METHODS
 
 Check = Callable[[str, Any], Any]  # (the field's name in errors, raw value) -> checked value
 REQUIRED = ...  # the default of a field the spec must give

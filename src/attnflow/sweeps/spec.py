@@ -19,7 +19,7 @@ import numpy as np
 
 from attnflow._checks import fail
 from attnflow.family.stack import Model, segments
-from attnflow.integrate import DEFAULT_DT, FIXED_STEP, check_solver_args
+from attnflow.methods import DEFAULT_DT, FIXED_STEP, check_solver_args
 from attnflow.presets import matrix_from_spec
 from attnflow.savetimes import on_step_grid
 from attnflow.sweeps.axes import MATRICES, REQUIRED, integer, is_number, model_kind, real
