@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
-from scipy.special import sph_harm_y, spherical_in
+from scipy.special import spherical_in
 from scipy.stats import t as student_t
 
 from attnflow.analysis import instability_strength, stationary_order, transition_strengths
@@ -38,7 +38,7 @@ from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.experiments.dispersion import linear_window_rates
 from attnflow.family import Attention
 from attnflow.meanfield import from_function, solve
-from attnflow.meanfield.sphere import MASS0, mean_direction
+from attnflow.meanfield.sphere import MASS0, empirical, mean_direction
 from attnflow.sphere import uniform
 
 PAPERS = ("2410.23228", "2606.05140")
@@ -178,17 +178,13 @@ def degrees_of(beta: float) -> np.ndarray:
 
 
 def harmonic_power(x: np.ndarray, lmax: int) -> np.ndarray:
-    """p_l = 4 pi / (2 l + 1) sum_{m = -l..l} |M_lm|^2, M_lm = (1/n) sum_j conj(Y_lm(x_j)),
-    l = 1..lmax, of tokens x (..., n, 3) on S^2: (..., lmax); mean 1/n for iid uniform
-    tokens."""
-    theta = np.arccos(np.clip(x[..., 2], -1.0, 1.0))
-    phi = np.arctan2(x[..., 1], x[..., 0])
-    out = []
-    for l in range(1, lmax + 1):
-        M = np.stack([sph_harm_y(l, m, theta, phi).mean(axis=-1) for m in range(l + 1)], -1)
-        total = np.abs(M[..., 0]) ** 2 + 2 * np.sum(np.abs(M[..., 1:]) ** 2, axis=-1)
-        out.append(4 * np.pi / (2 * l + 1) * total)
-    return np.stack(out, axis=-1)
+    """p_l = 4 pi / (2 l + 1) sum_{m = -l..l} |M_lm|^2 of the empirical coefficients M_lm
+    (`attnflow.meanfield.sphere.empirical`), l = 1..lmax, of tokens x (..., n, 3) on S^2:
+    (..., lmax); mean 1/n for iid uniform tokens."""
+    M = empirical(x, lmax)[..., 1:, :]
+    l = np.arange(1, lmax + 1)
+    total = np.abs(M[..., 0]) ** 2 + 2 * np.sum(np.abs(M[..., 1:]) ** 2, axis=-1)
+    return 4 * np.pi / (2 * l + 1) * total
 
 
 def _particle_rates(beta: float, params: dict[str, Any], rng: np.random.Generator

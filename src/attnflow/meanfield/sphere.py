@@ -320,16 +320,29 @@ def from_values(f, degree: int, tol: float) -> np.ndarray:
     return check_coefficients(c[:, :degree + 1, :degree + 1], "f", tol)
 
 
+def angles(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(theta, phi): the polar angle and the longitude of points x (..., 3) (any norm > 0)."""
+    theta = np.arccos(np.clip(x[..., 2] / np.linalg.norm(x, axis=-1), -1, 1))
+    return theta, np.arctan2(x[..., 1], x[..., 0])
+
+
+def empirical(x: np.ndarray, degree: int) -> np.ndarray:
+    """The empirical measure's coefficients M_lm = (1/n) sum_j conj(Y_lm(x_j)) (..., L + 1,
+    L + 1) of tokens x (..., n, 3), one (l, m) at a time (memory of n tokens, not n (L + 1)^2);
+    0 where m > l."""
+    theta, phi = angles(np.asarray(x, dtype=float))
+    out = np.zeros((*theta.shape[:-1], degree + 1, degree + 1), dtype=complex)
+    for l in range(degree + 1):
+        for m in range(l + 1):
+            out[..., l, m] = np.conj(sph_harm_y(l, m, theta, phi)).mean(axis=-1)
+    return out
+
+
 def from_points(x: np.ndarray, degree: int, width: float, tol: float) -> np.ndarray:
     """Coefficients (1, L + 1, L + 1) of tokens x (n, 3) on S^2, smoothed by the heat kernel
     of width `width` (degree l scaled by e^{-l (l + 1) width^2 / 2})."""
-    theta = np.arccos(np.clip(x[:, 2] / np.linalg.norm(x, axis=1), -1, 1))
-    phi = np.arctan2(x[:, 1], x[:, 0])
-    l, m = np.meshgrid(np.arange(degree + 1), np.arange(degree + 1), indexing="ij")
-    ok = m <= l
-    y = sph_harm_y(np.where(ok, l, 0)[..., None], np.where(ok, m, 0)[..., None], theta, phi)
-    c = np.where(ok, np.conj(y).mean(axis=-1), 0.0)
-    c = c * np.exp(-0.5 * l * (l + 1) * width**2)
+    l = np.arange(degree + 1)[:, None]
+    c = empirical(x, degree) * np.exp(-0.5 * l * (l + 1) * width**2)
     c[:, 0] = c[:, 0].real
     return check_coefficients(c[None], "x", tol)
 
@@ -338,9 +351,7 @@ def values(c: np.ndarray, x: np.ndarray) -> np.ndarray:
     """The densities with coefficients c (..., L + 1, L + 1) at points x (P, 3) of the
     sphere: (..., P)."""
     L = c.shape[-1] - 1
-    x = np.asarray(x, dtype=float)
-    theta = np.arccos(np.clip(x[:, 2] / np.linalg.norm(x, axis=1), -1, 1))
-    phi = np.arctan2(x[:, 1], x[:, 0])
+    theta, phi = angles(np.asarray(x, dtype=float))
     l, m = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
     ok = m <= l
     y = np.where(ok[..., None], sph_harm_y(np.where(ok, l, 0)[..., None],
