@@ -119,3 +119,27 @@ def test_forward_mode_through_simulate_matches_central_differences():
     eps = 1e-5
     numeric = (final(X + eps * T) - final(X - eps * T)) / (2 * eps)
     torch.testing.assert_close(tangent, numeric, rtol=0, atol=1e-8)
+
+
+def test_torch_func_transforms_follow_simulate():
+    """torch.func.jvp and torch.func.grad go through a whole run (the checks reduce to
+    scalars on the device; functorch's wrapped tensors have no storage to copy to the host):
+    the jvp equals central differences of the plain run, grad equals reverse mode."""
+    from torch.func import grad, jvp
+
+    m = af.Attention(beta=2.0, mask="causal")
+    X = torch.from_numpy(uniform(N, D, seed=8))
+    T = torch.from_numpy(np.random.default_rng(9).standard_normal(X.shape))
+
+    def final(Z):
+        return af.simulate(m, Z, 0.5, method="rk4", dt=0.05, save_at=[0.5],
+                           normalize=True).states[-1]
+
+    _, tangent = jvp(final, (X,), (T,))
+    eps = 1e-5
+    numeric = (final(X + eps * T) - final(X - eps * T)) / (2 * eps)
+    torch.testing.assert_close(tangent, numeric, rtol=0, atol=1e-8)
+    g = grad(lambda Z: final(Z)[-1, 0])(X)
+    Xg = X.clone().requires_grad_(True)
+    final(Xg)[-1, 0].backward()
+    torch.testing.assert_close(g, Xg.grad, rtol=0, atol=1e-14)

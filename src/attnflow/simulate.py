@@ -17,6 +17,7 @@ from attnflow._array import (
     is_tensor,
     namespace,
     on_device,
+    scalar,
     tensors_of,
     to_numpy,
 )
@@ -445,19 +446,21 @@ def _initial_tokens(model: Model, x0: Any, normalize: bool) -> np.ndarray:
     """x0 checked for the model: unit vectors on the sphere (or normalised), non-zero in R^d
     where a sublayer reads directions (any vectors for the flat scheme)."""
     x0 = model.check_tokens(x0, "x0")
-    norms = namespace(x0).sqrt(inner(x0, x0))
-    host = to_numpy(norms)[..., 0]  # (a tensor's norms are read once, for the checks)
+    xp = namespace(x0)
+    norms = xp.sqrt(inner(x0, x0))
+    # the checks reduce on x0's own device to Python scalars: no host copy of the tokens, and
+    # torch.func transforms (jvp, grad), whose wrapped tensors have no storage, pass through
     if model.manifold != SPHERE or normalize:
         directions = normalize or any(
             s is not None and s.unit_inputs
             for layer in model.layers for s in (layer.scheme, layer.mlp_scheme))
-        if directions and np.any(host == 0):
-            where = np.argwhere(host == 0)[0]
+        if directions and bool(scalar(xp.any(norms == 0))):
+            where = np.argwhere(to_numpy(norms)[..., 0] == 0)[0]
             raise fail("x0", "non-zero token vectors (their directions are what attention "
                        "reads)", f"a zero vector at index {tuple(int(i) for i in where)}")
         return x0 / norms if normalize else x0
     tol = model.manifold.tolerance(x0.dtype)
-    off = float(np.max(np.abs(host - 1.0)))
+    off = scalar(xp.max(xp.abs(norms - 1.0)))
     if off > tol:
         raise fail("x0", f"unit vectors (|norm - 1| <= {tol:.2g} in {x0.dtype}; or pass "
                    "normalize=True)", f"norms off 1 by up to {off:.3g}")
