@@ -143,3 +143,35 @@ def test_torch_func_transforms_follow_simulate():
     Xg = X.clone().requires_grad_(True)
     final(Xg)[-1, 0].backward()
     torch.testing.assert_close(g, Xg.grad, rtol=0, atol=1e-14)
+
+
+def test_gradients_reach_memory_points_and_weights():
+    """Memory tokens given as tensors keep their graph: the gradient of a final state with
+    respect to the weights equals central differences, and with respect to the points along
+    a tangent direction equals central differences of the renormalised points."""
+    P = uniform(3, D, seed=10)
+    w = np.array([1.0, 2.0, 5.0])
+    X = torch.from_numpy(uniform(N, D, seed=11))
+
+    def final(P_, w_):
+        m = af.Attention(beta=2.0, mask="causal", memory=(P_, w_))
+        return af.simulate(m, X, 0.5, method="rk4", dt=0.05, save_at=[0.5]).states[-1, -1, 0]
+
+    Pt = torch.from_numpy(P).requires_grad_(True)
+    wt = torch.from_numpy(w).requires_grad_(True)
+    final(Pt, wt).backward()
+    eps = 1e-6
+    for k in range(3):
+        e = eps * np.eye(3)[k]
+        numeric = (float(final(P, w + e)) - float(final(P, w - e))) / (2 * eps)
+        assert abs(float(wt.grad[k]) - numeric) <= 1e-6 * max(1.0, abs(numeric))
+    T = np.random.default_rng(12).standard_normal(P.shape)
+    T -= np.sum(T * P, axis=1, keepdims=True) * P
+
+    def moved(h):
+        Q = P + h * T
+        return Q / np.linalg.norm(Q, axis=1, keepdims=True)
+
+    numeric = (float(final(moved(eps), w)) - float(final(moved(-eps), w))) / (2 * eps)
+    directional = float(np.sum(Pt.grad.numpy() * T))
+    assert abs(directional - numeric) <= 1e-6 * max(1.0, abs(numeric))

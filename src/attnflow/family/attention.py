@@ -24,8 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._array import arange, check_tokens, is_tensor, like, scalar, tensor_scalar
-from attnflow._checks import describe, fail, finite_array, inverse_temperature
+from attnflow._array import (
+    arange,
+    check_parameter,
+    check_tokens,
+    is_tensor,
+    like,
+    scalar,
+    tensor_scalar,
+    to_numpy,
+)
+from attnflow._checks import describe, fail, inverse_temperature
 from attnflow.family.heads import (
     Head,
     ProjectionBias,
@@ -374,6 +383,8 @@ class SelfAttention:
             return Memory(k=points if K is None else points @ like(K, u).T,
                           v=points if V is None else points @ like(V, u).T,
                           log_weights=like(weights, u).log())
+        if u is not None:
+            points, weights = like(points, u), like(weights, u)
         return Memory(
             k=points if K is None else points @ K.T,
             v=points if V is None else points @ V.T,
@@ -494,16 +505,19 @@ def _mask_name(mask: MaskSpec) -> str:
 def _check_memory(memory: Any, d: int | None) -> tuple[np.ndarray, np.ndarray]:
     if not isinstance(memory, (tuple, list)) or len(memory) != 2:
         raise fail("memory", "a (points, weights) pair", repr(memory))
-    points = finite_array("memory points", memory[0], ndim=2, dtype=float)
-    weights = finite_array("memory weights", memory[1], ndim=1, dtype=float)
+    # tensors stay themselves (their gradients reach the memory); the checks read host copies
+    points = check_parameter("memory points", memory[0], ndim=2, dtype=float)
+    weights = check_parameter("memory weights", memory[1], ndim=1, dtype=float)
+    host_points, host_weights = to_numpy(points), to_numpy(weights)
     if d is not None and points.shape[1] != d:
-        raise fail("memory points", f"an (m, {d}) array", describe(points))
+        raise fail("memory points", f"an (m, {d}) array", describe(host_points))
     if weights.shape[0] != points.shape[0]:
-        raise fail("memory weights", f"an array of shape ({points.shape[0]},)", describe(weights))
-    if np.any(weights <= 0):
-        raise fail("memory weights", "multiplicities > 0", f"min {weights.min()}")
-    off = float(np.max(np.abs(np.linalg.norm(points, axis=1) - 1.0)))
-    if off > sphere_tolerance(points.dtype):
+        raise fail("memory weights", f"an array of shape ({points.shape[0]},)",
+                   describe(host_weights))
+    if np.any(host_weights <= 0):
+        raise fail("memory weights", "multiplicities > 0", f"min {host_weights.min()}")
+    off = float(np.max(np.abs(np.linalg.norm(host_points, axis=1) - 1.0)))
+    if off > sphere_tolerance(host_points.dtype):
         raise fail("memory points", "unit vectors (points on the sphere)",
                    f"norms off 1 by up to {off:.3g}")
     return points, weights

@@ -184,7 +184,7 @@ def dimension_sources(heads: list[Head], memory: Any, single: bool = False
                 out[prefix + letter] = (shape[0] if i == 3 else shape[1], shape)
     if memory is not None:
         try:
-            points = np.asarray(memory[0])
+            points = memory[0] if is_tensor(memory[0]) else np.asarray(memory[0])
         except (TypeError, IndexError) as err:
             raise fail("memory", "a (points, weights) pair", repr(memory)) from err
         if points.ndim == 2:
