@@ -179,7 +179,6 @@ def test_result_saves_loads_and_gives_densities(tmp_path):
 
 
 @pytest.mark.parametrize("options, rho0, match", [
-    ({"beta": 2, "mask": "causal"}, None, "mask"),
     ({"beta": 2, "Q": np.diag([1.0, 2.0, 1.0])}, None, "Q, K"),
     ({"beta": 2, "Q": np.eye(2)}, None, "d"),
     ({"beta": 2}, "circle", "d"),

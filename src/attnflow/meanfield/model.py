@@ -36,8 +36,8 @@ __all__ = ["MeanFieldModel"]
 SUPPORTED = ("an attnflow.Attention block (or its keyword arguments) with d = 2 (circle) or "
              "d = 3 (S^2), a finite beta, one (Q, K, V) head whose Q^T K is a multiple of an "
              "orthogonal matrix (d = 2) or of the identity (d = 3), any V, mask 'full' or "
-             "'causal' (d = 3: 'full'), attention 'softmax', 'unnormalised' or 'positional' "
-             "(d = 3: the first two), norm 'post', no memory, positional encodings, QK-norm, "
+             "'causal', attention 'softmax', 'unnormalised' or 'positional', norm 'post', "
+             "no memory, positional encodings, QK-norm, "
              "projection biases or MLP (ALiBi: the slope per unit label as solve(..., "
              "alibi=m * n) for the particles' slope m per token at n tokens, causal mask)")
 
@@ -107,7 +107,7 @@ class MeanFieldModel:
                        "is not modelled)", f"mask {att.mask!r}")
         _require(bool(np.isfinite(att.beta)), "beta", att.beta)
         if d == 3:
-            return cls._of_sphere(model)
+            return cls._of_sphere(model, slope)
         Q, K, V = att.heads[0]
         B = (np.eye(2) if Q is None else Q).T @ (np.eye(2) if K is None else K)
         c = float(np.sqrt(abs(np.linalg.det(B))))
@@ -129,11 +129,9 @@ class MeanFieldModel:
 
 
     @classmethod
-    def _of_sphere(cls, model: Block) -> MeanFieldModel:
+    def _of_sphere(cls, model: Block, slope: float) -> MeanFieldModel:
         """The S^2 case of `of` (Q^T K = c I), after the checks common to both."""
         att = model.attention
-        _require(att.mask == "full", "mask", att.mask)
-        _require(att.weighting.method != "positional", "attention", att.weighting.method)
         Q, K, V = att.heads[0]
         B = (np.eye(3) if Q is None else Q).T @ (np.eye(3) if K is None else K)
         c = float(np.trace(B) / 3)
@@ -141,12 +139,14 @@ class MeanFieldModel:
             raise fail("Q, K", "Q^T K a multiple of the identity on S^2 (" + SUPPORTED + ")",
                        f"Q^T K = {B.tolist()}")
         b = float(att.beta) * c
-        if att.weighting.method == "unnormalised" and abs(b) > MAX_B:
-            raise fail("beta", f"|beta| c <= {MAX_B:g} for unnormalised weights (c = {c:.6g}, "
+        if att.weighting.method != "softmax" and abs(b) > MAX_B:
+            raise fail("beta", f"|beta| c <= {MAX_B:g} for {att.weighting.method} weights "
+                       f"(c = {c:.6g}, "
                        "the scale of Q^T K: the kernel e^(|beta| c) overflows float64 beyond)",
                        f"beta c = {b:.6g}")
         V = np.eye(3) if V is None else np.asarray(V, dtype=float)
-        return cls(model, att.weighting.method, False, b, 0.0, False, att.strength * V, d=3)
+        return cls(model, att.weighting.method, att.mask == "causal", b, 0.0, False,
+                   att.strength * V, slope, d=3)
 
 
 def _require(ok: bool, name: str, received: Any) -> None:

@@ -41,7 +41,7 @@ class MeanFieldResult:
     times : (T,) save times (one unit = one layer, as for particles).
     coefficients : (T, S, K + 1) complex Fourier coefficients of the label densities,
         rho_s(theta) = sum_{|k| <= K} c[s, k] e^{i k theta} (per unit angle, mass 1 each);
-        on S^2 (settings["d"] = 3) (T, 1, L + 1, L + 1) spherical-harmonic coefficients
+        on S^2 (settings["d"] = 3) (T, S, L + 1, L + 1) spherical-harmonic coefficients
         (`attnflow.meanfield.sphere`: rows l, columns m = 0..l, per unit area).
     model : the attnflow block whose mean field this is.
     settings : the solver's record: modes K, labels S (None: full mask) and their scheme,
@@ -76,13 +76,14 @@ class MeanFieldResult:
         return None if S is None else label_nodes(self.settings.get("scheme") or "cells", S)
 
     def at_labels(self, s: Any) -> np.ndarray:
-        """The coefficients (T, P, K + 1) at labels s (P,) in [0, 1] (causal mask): the cell
-        holding s (cells), the polynomial interpolant in s (chebyshev)."""
+        """The coefficients (T, P, K + 1) (S^2: (T, P, L + 1, L + 1)) at labels s (P,) in
+        [0, 1] (causal mask): the cell holding s (cells), the polynomial interpolant in s
+        (chebyshev)."""
         S = self.settings["labels"]
         if S is None:
             raise fail("s", "a causal run (the full mask has no labels)", repr(s))
         scheme = Labels.of(self.settings.get("scheme") or "cells", S)
-        return np.einsum("ps,tsk->tpk", scheme.interpolation(s), self.coefficients)
+        return np.einsum("ps,ts...->tp...", scheme.interpolation(s), self.coefficients)
 
     def moments(self, k: int) -> np.ndarray:
         """The Fourier moments int e^{i k theta} rho(theta) dtheta (T, S) = 2 pi conj(c_k):

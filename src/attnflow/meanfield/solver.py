@@ -74,9 +74,10 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     rho0 : Fourier coefficients (K + 1,) or (S, K + 1) (`from_function`, `from_tokens`,
         `from_coefficients`): one density for the full mask; for the causal mask one per
         label of the `scheme` (token i of n has the label i / n).
-        On S^2: spherical-harmonic coefficients (1, L + 1, L + 1) (`from_function` with
+        On S^2: spherical-harmonic coefficients (S, L + 1, L + 1) (`from_function` with
         d = 3, `from_tokens` of (n, 3) tokens; `attnflow.meanfield.sphere`): a 3-d array
-        means S^2, and the model's d, if set, must be 3. K below is then the degree L.
+        means S^2, and the model's d, if set, must be 3. K below is then the degree L;
+        labels, schemes, ALiBi and weightings are as on the circle.
     t_end : final time >= 0 (one unit = one layer).
     save_at : increasing save times in [0, t_end] (default 101 evenly spaced); 0 and t_end
         are always saved.
@@ -115,10 +116,10 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     if scheme not in SCHEMES:
         raise fail("scheme", f"one of {SCHEMES}", repr(scheme))
     labels = Labels.of(scheme, S, mf.slope) if mf.causal else None
-    if labels is not None and labels.tail(c) > tol:
+    if labels is not None and (in_s := _label_tail(labels, c)) > tol:
         raise fail("rho0", f"densities resolved in s by {S} {scheme} labels (Chebyshev "
                    f"coefficients above degree 2 (S - 1) / 3 below {tol:g} relative; more "
-                   "labels or a smoother start)", f"a tail of {labels.tail(c):.3g}")
+                   "labels or a smoother start)", f"a tail of {in_s:.3g}")
     if not mf.causal and S != 1:
         raise fail("rho0", "one density (K + 1,) or (1, K + 1) for the full mask (label cells "
                    "are for mask 'causal')", f"{S} label densities")
@@ -220,12 +221,20 @@ class _March:
 
     def resolved(self, c: np.ndarray, tol: float) -> bool:
         """True when every label's density is resolved (module docstring)."""
+        labels = self.field.labels
         if self.sphere:
             return bool(sphere.tail(c).max() <= tol
-                        and sphere.minimum(c, self.field.grid) >= -tol)
+                        and sphere.minimum(c, self.field.grid) >= -tol
+                        and (labels is None or sphere.label_tail(labels, c) <= tol))
         return bool(tail(c).max() <= tol
                     and to_grid(c, self.field.points).min() * 2 * np.pi >= -tol
-                    and self.field.labels.tail(c) <= tol)
+                    and labels.tail(c) <= tol)
+
+
+def _label_tail(labels: Labels, c: np.ndarray) -> float:
+    """The resolution measure in s of states c on the circle (S, K + 1) or S^2 (S, L + 1,
+    L + 1)."""
+    return sphere.label_tail(labels, c) if c.ndim == 3 else labels.tail(c)
 
 
 def _padded(c: np.ndarray, modes: int, d: int = 2) -> np.ndarray:
