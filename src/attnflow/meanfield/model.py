@@ -13,11 +13,12 @@ apart: the block's own ALiBi is per token, and the mean field has no n), and the
   (`attnflow.family.Strength`: the velocity is K times that of strength 1, softmax or not).
 
 On S^2 (d = 3, `attnflow.meanfield.sphere`) Q^T K must be c I (the kernel e^{b <x, y>} is then
-zonal, b = beta c of either sign) and V is any real (3, 3) matrix (times K).
+zonal, b = beta c of either sign) and V is any real (3, 3) matrix (times K); masks, weightings
+and ALiBi as on the circle.
 
-Everything else of the family (d != 2, several heads, memory, positional encodings, QK-norm,
-projection biases, an MLP, schemes other than post-LN, window or array masks, Sinkhorn
-weights, a Stack) is refused with a ValueError naming what is supported.
+Everything else of the family (d other than 2 and 3, several heads, memory, positional
+encodings, QK-norm, projection biases, an MLP, schemes other than post-LN, window or array
+masks, Sinkhorn weights, a Stack) is refused with a ValueError naming what is supported.
 """
 
 from __future__ import annotations
