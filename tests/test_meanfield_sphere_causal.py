@@ -346,3 +346,34 @@ def test_causal_solver_follows_particles_on_s2():
     full = solve(af.Attention(beta=beta, mask="full"), averaged, T, save_at=[T])
     wrong = np.abs(measured - mean_direction(full.coefficients[-1, 0])[2]).max()
     assert off < 1 / np.sqrt(n) < wrong, (off, wrong)
+
+
+# ------------------------------------------------------------ 6. the picture
+def test_picture_of_a_label_on_s2():
+    """plot_meanfield of an S^2 result: the first panel is the label's density averaged over
+    longitude against time and polar angle (checked against scipy's Y_lm summed at 16
+    longitudes, exact for degree 6; a short run at a loose tail bound), the second its map
+    at the last time; particles are refused."""
+    pytest.importorskip("matplotlib")
+    from attnflow.plot import plot_meanfield
+
+    parts = polynomial_parts(6)
+    nodes = Labels.of("chebyshev", 8).nodes
+    c = np.einsum("sp,plm->slm", nodes[:, None] ** np.arange(3), parts)
+    res = solve(af.Attention(beta=1.0, mask="causal"), c, 0.2, save_at=[0.1, 0.2],
+                scheme="chebyshev", tol=1e-2)
+    assert res.resolution_lost_at is None
+    fig = plot_meanfield(res, label=2, points=32)
+    shown = np.asarray(fig.axes[0].collections[0].get_array()).reshape(16, 3)  # (theta, t)
+    theta = (np.arange(16) + 0.5) * np.pi / 16
+    phi = 2 * np.pi * np.arange(16) / 16
+    x = np.stack(np.broadcast_arrays(np.sin(theta)[:, None] * np.cos(phi),
+                                     np.sin(theta)[:, None] * np.sin(phi),
+                                     np.cos(theta)[:, None]), -1).reshape(-1, 3)
+    direct = np.array([density_at(ct, x).reshape(16, 16).mean(axis=1)
+                       for ct in res.coefficients[:, 2]])
+    assert np.abs(shown - direct.T).max() < 1e-14
+    assert len(fig.axes[1].collections) == 1
+    with pytest.raises(ValueError, match="particles"):
+        plot_meanfield(res, particles=af.simulate(af.Attention(beta=1.0), af.sphere.uniform(
+            5, d=3, seed=0), 0.1))
