@@ -16,7 +16,7 @@ import numpy as np
 import scipy.fft as sfft
 
 from attnflow._checks import describe, fail, finite_array, positive
-from attnflow.meanfield import sphere
+from attnflow.meanfield import sphere, zonal
 from attnflow.meanfield.labels import label_nodes, token_cells
 
 __all__ = ["DEFAULT_TAIL", "check_coefficients", "from_coefficients", "from_function",
@@ -81,17 +81,23 @@ def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
     d = 3: a density on S^2, f(x) of points x (..., 3) returning (...,), or f(s, x) at the
     labels (s of shape (S, 1, 1), returning (S, ...)), as spherical-harmonic coefficients
     (S, L + 1, L + 1) of degree L = modes (`attnflow.meanfield.sphere`; sampled on the
-    quadrature grid of degree 2 L)."""
+    quadrature grid of degree 2 L). d >= 4: a zonal density on S^{d-1}, f(z) of z = <x, e> in
+    [-1, 1] (or f(s, z), s of shape (S, 1)), as Gegenbauer coefficients (S, L + 1)
+    (`attnflow.meanfield.zonal`; solve with the same d)."""
     K = _modes(modes)
-    if d not in (2, 3) or isinstance(d, bool):
-        raise fail("d", "2 (the circle) or 3 (S^2)", repr(d))
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
+        raise fail("d", "2 (the circle), 3 (S^2) or more (zonal densities on S^{d-1})",
+                   repr(d))
     S = 1 if labels is None else _labels(labels)
     arity = _arity(f)
     if arity is not None and arity != (1 if labels is None else 2):
         raise fail("labels", "an integer S >= 1 (labels) for f(s, x) of two arguments, "
                    "None for f(x) of one", f"{labels!r} with f of {arity} arguments")
+    s = None if labels is None else label_nodes(scheme, S)
     if d == 3:
-        return sphere.from_values(f, K, tol, None if labels is None else label_nodes(scheme, S))
+        return sphere.from_values(f, K, tol, s)
+    if d > 3:
+        return zonal.from_values(f, int(d), K, tol, s)
     P = max(8 * K, 256)
     theta = 2 * np.pi * np.arange(P) / P
     values = finite_array("f", f(theta) if labels is None else f(
