@@ -166,3 +166,21 @@ def test_refusals():
         solve(af.Attention(beta=1.0), a, 1.0, d=3)
     with pytest.raises(ValueError, match="d"):
         solve(af.Attention(beta=1.0, Q=np.eye(5)), a, 1.0, d=4)
+
+
+def test_picture_of_a_zonal_result():
+    """plot_meanfield of a zonal result: one panel, the density against time and polar angle
+    (checked against scipy's Gegenbauer polynomials)."""
+    pytest.importorskip("matplotlib")
+    from attnflow.plot import plot_meanfield
+
+    d = 5
+    a = from_function(lambda z: np.exp(0.7 * z), 12, d=d)
+    res = solve(af.Attention(beta=2.0, mask="full"), a, 0.2, save_at=[0.1, 0.2], d=d)
+    fig = plot_meanfield(res, points=32)
+    assert len(fig.axes) == 2  # the panel and its colour bar
+    shown = np.asarray(fig.axes[0].collections[0].get_array()).reshape(16, 3)
+    z = np.cos((np.arange(16) + 0.5) * np.pi / 16)
+    direct = np.array([sum(ct[l].real * normalised_gegenbauer(l, d, z) for l in range(13))
+                       for ct in res.coefficients[:, 0]])
+    assert np.abs(shown - direct.T).max() < 1e-13 * direct.max()

@@ -46,7 +46,7 @@ def plot_meanfield(
     On S^2 (result.d = 3) two panels: the density averaged over longitude against time and
     polar angle (its zonal part, sum_l c_l0 Y_l0), and the density at the last time on a
     (polar angle, longitude) grid of `points` longitudes; ax: two Axes or None; no
-    particles.
+    particles. Zonal results on S^{d-1}, d > 3: the first panel only (the density itself).
     particles : an attnflow `Trajectory` of the same model (d = 2), or None; its saved times
         on the result's time range are drawn (after a loss of resolution the density ends,
         the particles' panel too). For the causal mask the histogram takes the tokens of the
@@ -65,10 +65,10 @@ def plot_meanfield(
     if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not (
             -S <= label < S):
         raise fail("label", f"a label cell index in [-{S}, {S})", repr(label))
-    if result.d == 3:
+    if result.d >= 3:
         if particles is not None:
-            raise fail("particles", "None for a result on S^2 (particles are drawn beside "
-                       "densities on the circle)", type(particles).__name__)
+            raise fail("particles", f"None for a result on S^{result.d - 1} (particles are "
+                       "drawn beside densities on the circle)", type(particles).__name__)
         return _sphere(result, label, points or max(128, 4 * K), ax, figsize)
     if points is None:
         points = max(256, 4 * K)
@@ -105,19 +105,25 @@ def plot_meanfield(
 
 def _sphere(result: MeanFieldResult, label: int, points: int, ax: Axes | None,
             figsize: tuple[float, float] | None) -> Figure:
-    """`plot_meanfield` of a result on S^2 (its docstring)."""
+    """`plot_meanfield` of a result on S^2 or a zonal one on S^{d-1} (its docstring)."""
     if isinstance(points, bool) or not isinstance(points, (int, np.integer)) or points < 8:
         raise fail("points", "an integer >= 8 (longitudes of the map)", repr(points))
-    c = result.coefficients[:, label]  # (T, L + 1, L + 1)
+    c = result.coefficients[:, label]  # (T, L + 1, L + 1) on S^2, (T, L + 1) zonal
     L = c.shape[-1] - 1
     theta = (np.arange(points // 2) + 0.5) * np.pi / (points // 2)
-    l = np.arange(L + 1)
-    y0 = np.sqrt((2 * l + 1) / (4 * np.pi))[:, None] * np.array(
-        [np.polynomial.legendre.legval(np.cos(theta), np.eye(L + 1)[k]) for k in l])
-    zonal = c[..., 0].real @ y0  # (T, points // 2): the longitude average
-    last = result.density(points)[-1, label % result.coefficients.shape[1]]
+    if result.d == 3:
+        l = np.arange(L + 1)
+        y0 = np.sqrt((2 * l + 1) / (4 * np.pi))[:, None] * np.array(
+            [np.polynomial.legendre.legval(np.cos(theta), np.eye(L + 1)[k]) for k in l])
+        zonal = c[..., 0].real @ y0  # (T, points // 2): the longitude average
+        last = result.density(points)[-1, label % result.coefficients.shape[1]]
+    else:
+        zonal = result.density(points // 2)[:, label]
+        last = zonal
     with mpl.rc_context(STYLE):
-        fig, (a, b) = _figure(ax, figsize or (2 * COLUMN, 2.4), 2)
+        count = 2 if result.d == 3 else 1
+        fig, axes = _figure(ax, figsize or (count * COLUMN, 2.4), count)
+        a = axes[0]
         low = float(max(min(zonal.min(), last.min()), 0.0))
         top = float(max(zonal.max(), last.max()))
         mesh = a.pcolormesh(result.times, theta, zonal.T, shading="nearest", cmap="Greys",
@@ -126,15 +132,18 @@ def _sphere(result: MeanFieldResult, label: int, points: int, ax: Axes | None,
         a.set_ylim(np.pi, 0)
         a.set_xlabel("t")
         a.set_ylabel(r"polar angle $\theta$")
-        a.set_title("mean field, averaged over longitude")
-        phi = (np.arange(points) + 0.5) * 2 * np.pi / points
-        b.pcolormesh(phi, theta, last, shading="nearest", cmap="Greys", vmin=low, vmax=top,
-                     rasterized=True)
-        b.set_ylim(np.pi, 0)
-        b.set_xlabel(r"longitude $\varphi$")
-        b.set_ylabel(r"$\theta$")
-        b.set_title(f"t = {result.times[-1]:.3g}")
-        fig.colorbar(mesh, ax=[a, b], label="density (per unit area)")
+        a.set_title("mean field, averaged over longitude" if count == 2 else
+                    f"mean field on $S^{{{result.d - 1}}}$ (zonal)")
+        if count == 2:
+            b = axes[1]
+            phi = (np.arange(points) + 0.5) * 2 * np.pi / points
+            b.pcolormesh(phi, theta, last, shading="nearest", cmap="Greys", vmin=low,
+                         vmax=top, rasterized=True)
+            b.set_ylim(np.pi, 0)
+            b.set_xlabel(r"longitude $\varphi$")
+            b.set_ylabel(r"$\theta$")
+            b.set_title(f"t = {result.times[-1]:.3g}")
+        fig.colorbar(mesh, ax=axes, label="density (per unit area)")
         if result.resolution_lost_at is not None:
             fig.suptitle(f"resolution lost at t = {result.resolution_lost_at:.3g}")
     return fig
