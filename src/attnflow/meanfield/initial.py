@@ -16,8 +16,8 @@ import numpy as np
 import scipy.fft as sfft
 
 from attnflow._checks import describe, fail, finite_array, positive
-from attnflow.meanfield import sphere
-from attnflow.meanfield.labels import label_nodes
+from attnflow.meanfield import sphere, zonal
+from attnflow.meanfield.labels import label_nodes, token_cells
 
 __all__ = ["DEFAULT_TAIL", "check_coefficients", "from_coefficients", "from_function",
            "from_tokens", "tail"]
@@ -78,24 +78,28 @@ def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
     scaled to mass 1. f is sampled at P = max(8 K, 256) points; the modes above K must be
     negligible (below `tol` relative), or the start is refused as unresolved.
 
-    d = 3: a density on S^2, f(x) of points x (..., 3) returning (...,), as spherical-harmonic
-    coefficients (1, L + 1, L + 1) of degree L = modes (`attnflow.meanfield.sphere`; sampled
-    on the quadrature grid of degree 2 L; full mask only, so no labels)."""
+    d = 3: a density on S^2, f(x) of points x (..., 3) returning (...,), or f(s, x) at the
+    labels (s of shape (S, 1, 1), returning (S, ...)), as spherical-harmonic coefficients
+    (S, L + 1, L + 1) of degree L = modes (`attnflow.meanfield.sphere`; sampled on the
+    quadrature grid of degree 2 L). d >= 4: a zonal density on S^{d-1}, f(z) of z = <x, e> in
+    [-1, 1] (or f(s, z), s of shape (S, 1)), as Gegenbauer coefficients (S, L + 1)
+    (`attnflow.meanfield.zonal`; solve with the same d)."""
     K = _modes(modes)
-    if d not in (2, 3) or isinstance(d, bool):
-        raise fail("d", "2 (the circle) or 3 (S^2)", repr(d))
-    if d == 3:
-        if labels is not None:
-            raise fail("labels", "None on S^2 (labels are for the causal mask, implemented "
-                       "on the circle only)", repr(labels))
-        return sphere.from_values(f, K, tol)
-    P = max(8 * K, 256)
-    theta = 2 * np.pi * np.arange(P) / P
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
+        raise fail("d", "2 (the circle), 3 (S^2) or more (zonal densities on S^{d-1})",
+                   repr(d))
     S = 1 if labels is None else _labels(labels)
     arity = _arity(f)
     if arity is not None and arity != (1 if labels is None else 2):
-        raise fail("labels", "an integer S >= 1 (label cells) for f(s, theta) of two arguments, "
-                   "None for f(theta) of one", f"{labels!r} with f of {arity} arguments")
+        raise fail("labels", "an integer S >= 1 (labels) for f(s, x) of two arguments, "
+                   "None for f(x) of one", f"{labels!r} with f of {arity} arguments")
+    s = None if labels is None else label_nodes(scheme, S)
+    if d == 3:
+        return sphere.from_values(f, K, tol, s)
+    if d > 3:
+        return zonal.from_values(f, int(d), K, tol, s)
+    P = max(8 * K, 256)
+    theta = 2 * np.pi * np.arange(P) / P
     values = finite_array("f", f(theta) if labels is None else f(
         label_nodes(scheme, S)[:, None], theta), dtype=float)
     try:
@@ -122,27 +126,23 @@ def from_tokens(x: Any, modes: int, width: float, labels: int | None = None,
     carries the label (i + 1) / n and each label cell ((j - 1) / S, j / S] averages its
     tokens (every cell needs one). The smoothed density must be resolved by K modes.
 
-    Tokens (n, 3) on S^2 give coefficients (1, L + 1, L + 1) of degree L = modes, smoothed
-    by the heat kernel (degree l scaled by e^{-l (l + 1) width^2 / 2}); no labels."""
+    Tokens (n, 3) on S^2 give coefficients (S, L + 1, L + 1) of degree L = modes, smoothed
+    by the heat kernel (degree l scaled by e^{-l (l + 1) width^2 / 2}), per label cell as on
+    the circle."""
     K = _modes(modes)
     x = finite_array("x", x, ndim=2, dtype=float)
     if x.shape[1] not in (2, 3) or len(x) == 0:
         raise fail("x", "tokens of shape (n, 2) on the circle or (n, 3) on S^2, n >= 1",
                    describe(x))
     w = positive("width", width)
-    if x.shape[1] == 3:
-        if labels is not None:
-            raise fail("labels", "None on S^2 (labels are for the causal mask, implemented "
-                       "on the circle only)", repr(labels))
-        return sphere.from_points(x, K, w, tol)
-    theta = np.arctan2(x[:, 1], x[:, 0])
-    waves = np.exp(-1j * np.outer(theta, np.arange(K + 1)))  # (n, K + 1)
     n = len(x)
     S = 1 if labels is None else _labels(labels)
-    cell = np.ceil(np.arange(1, n + 1) * S / n).astype(int) - 1  # label (i + 1) / n
+    cell = token_cells(n, S)
+    if x.shape[1] == 3:
+        return sphere.from_points(x, K, w, tol, None if labels is None else cell)
+    theta = np.arctan2(x[:, 1], x[:, 0])
+    waves = np.exp(-1j * np.outer(theta, np.arange(K + 1)))  # (n, K + 1)
     counts = np.bincount(cell, minlength=S)
-    if np.any(counts == 0):
-        raise fail("labels", f"at most n = {n} label cells (each needs a token)", repr(labels))
     sums = np.zeros((S, K + 1), dtype=complex)
     np.add.at(sums, cell, waves)
     c = sums / counts[:, None] / (2 * np.pi) * np.exp(-0.5 * (np.arange(K + 1) * w) ** 2)

@@ -45,7 +45,7 @@ import scipy.fft as sfft
 
 from attnflow._checks import fail
 
-__all__ = ["SCHEMES", "Labels", "label_nodes"]
+__all__ = ["SCHEMES", "Labels", "label_nodes", "see", "token_cells"]
 
 SCHEMES = ("cells", "chebyshev")
 EXTRA_NODES = 32  # Gauss-Legendre points beyond S for the chebyshev scheme's average
@@ -122,15 +122,39 @@ class Labels:
             return np.eye(self.size)[cell]
         return _lagrange(self.nodes, s)
 
+    def excess(self, c: np.ndarray) -> np.ndarray:
+        """The Chebyshev coefficients in s of degree above 2 (S - 1) / 3 (R, ...) of states c
+        (S, ...) (up to the halved ends and signs; none, (0, ...), for cells): what
+        `tail` measures, on the circle or S^2 (`attnflow.meanfield.sphere.label_tail`)."""
+        if self.scheme == "cells":
+            return c[:0]
+        N = self.size - 1
+        return (sfft.dct(c, type=1, axis=0) / N)[2 * N // 3 + 1:]
+
     def tail(self, c: np.ndarray) -> float:
         """The resolution measure in s of states c (S, K + 1) (chebyshev; 0 for cells): the l2
         norm, over the theta modes, of the Chebyshev coefficients in s of degree above
-        2 (S - 1) / 3, relative to c_0 = 1 / (2 pi)."""
-        if self.scheme == "cells":
-            return 0.0
-        N = self.size - 1
-        a = sfft.dct(c, type=1, axis=0) / N  # coefficients (up to the halved ends, signs)
-        return float(np.sqrt(np.sum(np.abs(a[2 * N // 3 + 1:]) ** 2)) * 2 * np.pi)
+        2 (S - 1) / 3 (`excess`), relative to c_0 = 1 / (2 pi)."""
+        return float(np.sqrt(np.sum(np.abs(self.excess(c)) ** 2)) * 2 * np.pi)
+
+
+def see(seen: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """What each label sees, sum_i seen[j, i] c[i, ...] (S, ...), for complex coefficients c
+    (S, ...) of any trailing shape (Fourier modes on the circle, (l, m) on S^2) and the real
+    matrix `seen` (S, S) of `Labels.seen`: one real product on the interleaved real and
+    imaginary parts (numpy's real @ complex goes through a complex product, ten times
+    slower)."""
+    c = np.ascontiguousarray(c, dtype=complex)
+    flat = c.reshape(c.shape[0], -1).view(float)
+    return np.ascontiguousarray(seen @ flat).view(complex).reshape(c.shape)
+
+
+def token_cells(n: int, labels: int) -> np.ndarray:
+    """The label cell (n,) of each of n tokens: token i (0-based) has the label (i + 1) / n,
+    in cell j when it lies in (j / S, (j + 1) / S]; every cell must hold a token (S <= n)."""
+    if labels > n:
+        raise fail("labels", f"at most n = {n} label cells (each needs a token)", repr(labels))
+    return np.ceil(np.arange(1, n + 1) * labels / n).astype(int) - 1
 
 
 def _decayed(length: np.ndarray, slope: float) -> np.ndarray:

@@ -13,11 +13,13 @@ apart: the block's own ALiBi is per token, and the mean field has no n), and the
   (`attnflow.family.Strength`: the velocity is K times that of strength 1, softmax or not).
 
 On S^2 (d = 3, `attnflow.meanfield.sphere`) Q^T K must be c I (the kernel e^{b <x, y>} is then
-zonal, b = beta c of either sign) and V is any real (3, 3) matrix (times K).
+zonal, b = beta c of either sign) and V is any real (3, 3) matrix (times K); masks, weightings
+and ALiBi as on the circle. For d >= 4 (zonal densities, `attnflow.meanfield.zonal`) V must
+be v I.
 
-Everything else of the family (d != 2, several heads, memory, positional encodings, QK-norm,
-projection biases, an MLP, schemes other than post-LN, window or array masks, Sinkhorn
-weights, a Stack) is refused with a ValueError naming what is supported.
+Everything else of the family (d other than 2 and 3, several heads, memory, positional
+encodings, QK-norm, projection biases, an MLP, schemes other than post-LN, window or array
+masks, Sinkhorn weights, a Stack) is refused with a ValueError naming what is supported.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ from attnflow.family import Attention, Block
 
 __all__ = ["MeanFieldModel"]
 
-SUPPORTED = ("an attnflow.Attention block (or its keyword arguments) with d = 2 (circle) or "
-             "d = 3 (S^2), a finite beta, one (Q, K, V) head whose Q^T K is a multiple of an "
-             "orthogonal matrix (d = 2) or of the identity (d = 3), any V, mask 'full' or "
-             "'causal' (d = 3: 'full'), attention 'softmax', 'unnormalised' or 'positional' "
-             "(d = 3: the first two), norm 'post', no memory, positional encodings, QK-norm, "
+SUPPORTED = ("an attnflow.Attention block (or its keyword arguments) with d = 2 (circle), "
+             "d = 3 (S^2) or d >= 4 (zonal densities, V a multiple of the identity), a finite "
+             "beta, one (Q, K, V) head whose Q^T K is a multiple of an orthogonal matrix "
+             "(d = 2) or of the identity (d >= 3), any V, mask 'full' or "
+             "'causal', attention 'softmax', 'unnormalised' or 'positional', norm 'post', "
+             "no memory, positional encodings, QK-norm, "
              "projection biases or MLP (ALiBi: the slope per unit label as solve(..., "
              "alibi=m * n) for the particles' slope m per token at n tokens, causal mask)")
 
@@ -62,7 +65,7 @@ class MeanFieldModel:
     alpha : the rotation angle of Q^T K (radians); with `reflect`, the reflection's angle.
     reflect : Q^T K is c times a reflection (det < 0): the score depends on theta + phi.
     V : (d, d) value matrix times the interaction strength K of the block.
-    d : 2 (the circle) or 3 (S^2).
+    d : 2 (the circle), 3 (S^2) or more (zonal densities on S^{d-1}).
     """
 
     block: Block
@@ -79,7 +82,8 @@ class MeanFieldModel:
     def of(cls, model: Block | Mapping[str, Any], alibi: float | None = None, d: int = 2
            ) -> MeanFieldModel:
         """Read a block (or build `attnflow.Attention(**options)` from a mapping) for the
-        sphere S^{d-1} of the density (d = 2 or 3; the block's own d, if set, must agree);
+        sphere S^{d-1} of the density (d = 2, 3, or more for zonal densities; the block's own
+        d, if set, must agree);
         `alibi`: ALiBi's slope per unit label (None or 0: none; causal mask only)."""
         if isinstance(model, Mapping):
             model = Attention(**model)
@@ -106,8 +110,8 @@ class MeanFieldModel:
             raise fail("alibi", "ALiBi with mask 'causal' (the full mask's two-sided bias "
                        "is not modelled)", f"mask {att.mask!r}")
         _require(bool(np.isfinite(att.beta)), "beta", att.beta)
-        if d == 3:
-            return cls._of_sphere(model)
+        if d >= 3:
+            return cls._of_sphere(model, slope, d)
         Q, K, V = att.heads[0]
         B = (np.eye(2) if Q is None else Q).T @ (np.eye(2) if K is None else K)
         c = float(np.sqrt(abs(np.linalg.det(B))))
@@ -129,24 +133,29 @@ class MeanFieldModel:
 
 
     @classmethod
-    def _of_sphere(cls, model: Block) -> MeanFieldModel:
-        """The S^2 case of `of` (Q^T K = c I), after the checks common to both."""
+    def _of_sphere(cls, model: Block, slope: float, d: int) -> MeanFieldModel:
+        """The S^{d-1} case of `of`, d >= 3 (Q^T K = c I; d > 3: V = v I, zonal densities),
+        after the checks common to all."""
         att = model.attention
-        _require(att.mask == "full", "mask", att.mask)
-        _require(att.weighting.method != "positional", "attention", att.weighting.method)
         Q, K, V = att.heads[0]
-        B = (np.eye(3) if Q is None else Q).T @ (np.eye(3) if K is None else K)
-        c = float(np.trace(B) / 3)
-        if not np.allclose(B, c * np.eye(3), rtol=0, atol=1e-12 * max(1.0, abs(c))):
-            raise fail("Q, K", "Q^T K a multiple of the identity on S^2 (" + SUPPORTED + ")",
-                       f"Q^T K = {B.tolist()}")
+        B = (np.eye(d) if Q is None else Q).T @ (np.eye(d) if K is None else K)
+        c = float(np.trace(B) / d)
+        if not np.allclose(B, c * np.eye(d), rtol=0, atol=1e-12 * max(1.0, abs(c))):
+            raise fail("Q, K", f"Q^T K a multiple of the identity on S^{d - 1} (" + SUPPORTED
+                       + ")", f"Q^T K = {B.tolist()}")
         b = float(att.beta) * c
-        if att.weighting.method == "unnormalised" and abs(b) > MAX_B:
-            raise fail("beta", f"|beta| c <= {MAX_B:g} for unnormalised weights (c = {c:.6g}, "
+        if att.weighting.method != "softmax" and abs(b) > MAX_B:
+            raise fail("beta", f"|beta| c <= {MAX_B:g} for {att.weighting.method} weights "
+                       f"(c = {c:.6g}, "
                        "the scale of Q^T K: the kernel e^(|beta| c) overflows float64 beyond)",
                        f"beta c = {b:.6g}")
-        V = np.eye(3) if V is None else np.asarray(V, dtype=float)
-        return cls(model, att.weighting.method, False, b, 0.0, False, att.strength * V, d=3)
+        V = np.eye(d) if V is None else np.asarray(V, dtype=float)
+        if d > 3 and not np.allclose(V, V[0, 0] * np.eye(d), rtol=0,
+                                     atol=1e-12 * max(1.0, abs(V[0, 0]))):
+            raise fail("V", f"a multiple of the identity on S^{d - 1} (zonal densities, d > 3)",
+                       f"V = {V.tolist()}")
+        return cls(model, att.weighting.method, att.mask == "causal", b, 0.0, False,
+                   att.strength * V, slope, d=d)
 
 
 def _require(ok: bool, name: str, received: Any) -> None:

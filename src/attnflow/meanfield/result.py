@@ -19,7 +19,7 @@ from attnflow._files import recover
 from attnflow._version import __version__, git_commit
 from attnflow.errors import CorruptFileError
 from attnflow.family import Block, model_from_record
-from attnflow.meanfield import sphere
+from attnflow.meanfield import sphere, zonal
 from attnflow.meanfield.labels import Labels, label_nodes
 from attnflow.meanfield.spectral import to_grid
 
@@ -41,7 +41,7 @@ class MeanFieldResult:
     times : (T,) save times (one unit = one layer, as for particles).
     coefficients : (T, S, K + 1) complex Fourier coefficients of the label densities,
         rho_s(theta) = sum_{|k| <= K} c[s, k] e^{i k theta} (per unit angle, mass 1 each);
-        on S^2 (settings["d"] = 3) (T, 1, L + 1, L + 1) spherical-harmonic coefficients
+        on S^2 (settings["d"] = 3) (T, S, L + 1, L + 1) spherical-harmonic coefficients
         (`attnflow.meanfield.sphere`: rows l, columns m = 0..l, per unit area).
     model : the attnflow block whose mean field this is.
     settings : the solver's record: modes K, labels S (None: full mask) and their scheme,
@@ -65,7 +65,7 @@ class MeanFieldResult:
 
     @property
     def d(self) -> int:
-        """2 (densities on the circle) or 3 (on S^2)."""
+        """2 (densities on the circle), 3 (on S^2) or more (zonal, on S^{d-1})."""
         return int(self.settings.get("d", 2))
 
     @property
@@ -76,20 +76,22 @@ class MeanFieldResult:
         return None if S is None else label_nodes(self.settings.get("scheme") or "cells", S)
 
     def at_labels(self, s: Any) -> np.ndarray:
-        """The coefficients (T, P, K + 1) at labels s (P,) in [0, 1] (causal mask): the cell
-        holding s (cells), the polynomial interpolant in s (chebyshev)."""
+        """The coefficients (T, P, K + 1) (S^2: (T, P, L + 1, L + 1)) at labels s (P,) in
+        [0, 1] (causal mask): the cell holding s (cells), the polynomial interpolant in s
+        (chebyshev)."""
         S = self.settings["labels"]
         if S is None:
             raise fail("s", "a causal run (the full mask has no labels)", repr(s))
         scheme = Labels.of(self.settings.get("scheme") or "cells", S)
-        return np.einsum("ps,tsk->tpk", scheme.interpolation(s), self.coefficients)
+        return np.einsum("ps,ts...->tp...", scheme.interpolation(s), self.coefficients)
 
     def moments(self, k: int) -> np.ndarray:
         """The Fourier moments int e^{i k theta} rho(theta) dtheta (T, S) = 2 pi conj(c_k):
         the n -> infinity limit of the particles' (1/n) sum_j e^{i k theta_j}; k in 0..K."""
-        if self.d == 3:
+        if self.d != 2:
             raise fail("k", "a result on the circle (on S^2 the moments are the coefficients "
-                       "themselves: int conj(Y_lm) rho = coefficients[..., l, m])", "an S^2 result")
+                       "themselves: int conj(Y_lm) rho = coefficients[..., l, m])",
+                       f"a result on S^{self.d - 1}")
         K = self.coefficients.shape[-1] - 1
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= K:
             raise fail("k", f"a mode 0 <= k <= K = {K} (for k < 0: conj(moments(-k)))",
@@ -99,7 +101,11 @@ class MeanFieldResult:
     def density(self, points: int = 256) -> np.ndarray:
         """The densities (T, S, points) at theta_j = 2 pi j / points (points > 2 K); on S^2
         (T, S, points // 2, points) at the centres of `sphere.lat_lon(points)` (polar angle
-        down the rows, longitude along the columns), per unit area."""
+        down the rows, longitude along the columns), per unit area; zonal on S^{d-1}, d > 3,
+        (T, S, points) at the polar angles (j + 1/2) pi / points from the axis."""
+        if self.d > 3:  # zonal: rho(cos theta) at theta_j = (j + 1/2) pi / points
+            theta = (np.arange(points) + 0.5) * np.pi / points
+            return zonal.values(self.coefficients.real, self.d, np.cos(theta))
         if self.d == 3:
             grid = sphere.lat_lon(points)
             return sphere.values(self.coefficients, grid.reshape(-1, 3)).reshape(

@@ -43,7 +43,7 @@ from attnflow.errors import NonFiniteStateError
 from attnflow.family import Block
 from attnflow.integrate import rk4_step
 from attnflow.manifolds import EUCLIDEAN
-from attnflow.meanfield import sphere
+from attnflow.meanfield import sphere, zonal
 from attnflow.meanfield.initial import DEFAULT_TAIL, check_coefficients, tail
 from attnflow.meanfield.labels import SCHEMES, Labels
 from attnflow.meanfield.model import MeanFieldModel
@@ -62,7 +62,7 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
           save_at: Any = None, noise: float | None = None, dt: float | None = None,
           tol: float = DEFAULT_TAIL, refine_to: int | None = None,
           scheme: str = "cells", alibi: float | None = None,
-          path: str | os.PathLike | None = None) -> MeanFieldResult:
+          path: str | os.PathLike | None = None, d: int | None = None) -> MeanFieldResult:
     """Solve the mean-field equation of `model` from the density rho0 up to t_end.
 
     Parameters
@@ -74,9 +74,10 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     rho0 : Fourier coefficients (K + 1,) or (S, K + 1) (`from_function`, `from_tokens`,
         `from_coefficients`): one density for the full mask; for the causal mask one per
         label of the `scheme` (token i of n has the label i / n).
-        On S^2: spherical-harmonic coefficients (1, L + 1, L + 1) (`from_function` with
+        On S^2: spherical-harmonic coefficients (S, L + 1, L + 1) (`from_function` with
         d = 3, `from_tokens` of (n, 3) tokens; `attnflow.meanfield.sphere`): a 3-d array
-        means S^2, and the model's d, if set, must be 3. K below is then the degree L.
+        means S^2, and the model's d, if set, must be 3. K below is then the degree L;
+        labels, schemes, ALiBi and weightings are as on the circle.
     t_end : final time >= 0 (one unit = one layer).
     save_at : increasing save times in [0, t_end] (default 101 evenly spaced); 0 and t_end
         are always saved.
@@ -99,6 +100,11 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
         per token) at n tokens is lambda = m n. None: no ALiBi.
     path : if given, the result is also saved there (``.nc`` or ``.zarr``), atomically:
         an interrupted run leaves no file.
+    d : the dimension of the space holding the sphere S^{d-1}: None (2 for Fourier
+        coefficients, 3 for a 3-d array of spherical-harmonic coefficients) or an integer
+        d >= 4 for zonal densities on S^{d-1}, rho0 their Gegenbauer coefficients (L + 1,) or
+        (S, L + 1) (`attnflow.meanfield.zonal`: V a multiple of the identity; K below is the
+        degree L).
 
     Returns a `MeanFieldResult` (its `resolution_lost_at` says whether and when the run
     stopped for lack of resolution; settings["refinements"] lists [time, new K] of each
@@ -107,18 +113,19 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     becomes non-finite.
     """
     tol = number("tol", tol, 0.0, low_open=True)
-    d = 3 if np.ndim(rho0) == 3 else 2
+    d = _dimension(d, rho0)
     mf = MeanFieldModel.of(model, alibi, d)
-    c = (sphere.check_coefficients(rho0, "rho0", tol) if d == 3
-         else check_coefficients(rho0, "rho0", tol))
+    c = (check_coefficients(rho0, "rho0", tol) if d == 2
+         else sphere.check_coefficients(rho0, "rho0", tol) if d == 3
+         else zonal.check_coefficients(rho0, "rho0", tol, d))
     S, K = c.shape[0], c.shape[-1] - 1
     if scheme not in SCHEMES:
         raise fail("scheme", f"one of {SCHEMES}", repr(scheme))
     labels = Labels.of(scheme, S, mf.slope) if mf.causal else None
-    if labels is not None and labels.tail(c) > tol:
+    if labels is not None and (in_s := _label_tail(labels, c, d)) > tol:
         raise fail("rho0", f"densities resolved in s by {S} {scheme} labels (Chebyshev "
                    f"coefficients above degree 2 (S - 1) / 3 below {tol:g} relative; more "
-                   "labels or a smoother start)", f"a tail of {labels.tail(c):.3g}")
+                   "labels or a smoother start)", f"a tail of {in_s:.3g}")
     if not mf.causal and S != 1:
         raise fail("rho0", "one density (K + 1,) or (1, K + 1) for the full mask (label cells "
                    "are for mask 'causal')", f"{S} label densities")
@@ -155,7 +162,7 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
                 elif refine_to is not None and 2 * march.modes <= refine_to:
                     march = _March(mf, labels or S, 2 * march.modes, sigma, march.dt / 2,
                                    axisymmetric)
-                    c = _padded(c, march.modes, d)
+                    c = _padded(c, march.modes)
                     refinements.append([t, march.modes])
                     break
                 else:
@@ -170,10 +177,11 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
         saved.append(c)
     result = MeanFieldResult(
         times=np.array(saved_times),
-        coefficients=np.stack([_padded(x, march.modes, d) for x in saved]), model=mf.block,
+        coefficients=np.stack([_padded(x, march.modes) for x in saved]), model=mf.block,
         settings={"modes": march.modes, "labels": S if mf.causal else None,
                   "scheme": scheme if mf.causal else None, "alibi": mf.slope, "noise": sigma,
-                  **({"d": 3, "axisymmetric": axisymmetric} if d == 3 else {}),
+                  **({"d": 3, "axisymmetric": axisymmetric} if d == 3 else
+                     {"d": d, "zonal": True} if d > 3 else {}),
                   "dt": march.dt, "steps": n_steps, "tol": tol, "points": march.field.points,
                   "method": "rk4" if sigma == 0 else "lawson-rk4",
                   "refinements": refinements},
@@ -190,10 +198,13 @@ class _March:
     def __init__(self, mf: MeanFieldModel, labels: int | Labels, modes: int, sigma: float,
                  dt: float | None, axisymmetric: bool = False) -> None:
         self.modes = modes
+        self.d = mf.d
         self.sphere = mf.d == 3
-        self.field: TransportField | sphere.TransportField2 = (
+        self.field: TransportField | sphere.TransportField2 | zonal.ZonalField = (
+            TransportField(mf, labels, modes) if mf.d == 2 else
             sphere.TransportField2(mf.b, mf.V, mf.weighting, labels, modes, axisymmetric)
-            if self.sphere else TransportField(mf, labels, modes))
+            if mf.d == 3 else
+            zonal.ZonalField(mf.d, mf.b, float(mf.V[0, 0]), mf.weighting, labels, modes))
         speed = self.field.speed_bound()
         if dt is None:
             dt = min(DEFAULT_DT, COURANT / (modes * speed)) if speed > 0 else DEFAULT_DT
@@ -204,9 +215,11 @@ class _March:
         self.dt = dt
         self.sigma = sigma
         k = np.arange(modes + 1)
-        # the heat semigroup's rates: k^2 on the circle, l (l + 1) on S^2 (rows l)
-        self._rates = (k * (k + 1))[:, None] * (sigma * sigma / 2) if self.sphere else (
-            k**2 * (sigma * sigma / 2))
+        # the heat semigroup's rates: k^2 on the circle, l (l + d - 2) on S^{d-1} (on S^2
+        # along the rows l)
+        self._rates = (k * (k + mf.d - 2)) * (sigma * sigma / 2)
+        if self.sphere:
+            self._rates = self._rates[:, None]
         self._factors: dict[float, tuple[np.ndarray, np.ndarray]] = {}
 
     def step(self, c: np.ndarray, h: float) -> np.ndarray:
@@ -220,19 +233,49 @@ class _March:
 
     def resolved(self, c: np.ndarray, tol: float) -> bool:
         """True when every label's density is resolved (module docstring)."""
+        labels = self.field.labels
+        if self.d > 3:
+            grid = self.field.grid
+            return bool(zonal.tail(c, grid).max() <= tol and zonal.minimum(c, grid) >= -tol
+                        and (labels is None or _label_tail(labels, c, self.d) <= tol))
         if self.sphere:
             return bool(sphere.tail(c).max() <= tol
-                        and sphere.minimum(c, self.field.grid) >= -tol)
+                        and sphere.minimum(c, self.field.grid) >= -tol
+                        and (labels is None or sphere.label_tail(labels, c) <= tol))
         return bool(tail(c).max() <= tol
                     and to_grid(c, self.field.points).min() * 2 * np.pi >= -tol
-                    and self.field.labels.tail(c) <= tol)
+                    and labels.tail(c) <= tol)
 
 
-def _padded(c: np.ndarray, modes: int, d: int = 2) -> np.ndarray:
+def _label_tail(labels: Labels, c: np.ndarray, d: int) -> float:
+    """The resolution measure in s of states c on the circle (S, K + 1), S^2 (S, L + 1,
+    L + 1) or, zonal, S^{d-1} (S, L + 1)."""
+    if d == 2:
+        return labels.tail(c)
+    if d == 3:
+        return sphere.label_tail(labels, c)
+    return zonal.label_tail(labels, c, d)
+
+
+def _dimension(d: Any, rho0: Any) -> int:
+    """The d of `solve` (its docstring), checked against the shape of rho0."""
+    ndim = np.ndim(rho0)
+    if d is None:
+        return 3 if ndim == 3 else 2
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
+        raise fail("d", "None or an integer d >= 2", repr(d))
+    if (d == 3) != (ndim == 3):
+        raise fail("rho0", f"coefficients for d = {d}: (S, L + 1, L + 1) spherical-harmonic "
+                   "coefficients for d = 3, (K + 1,) or (S, K + 1) otherwise",
+                   f"an array of {ndim} dimensions")
+    return int(d)
+
+
+def _padded(c: np.ndarray, modes: int) -> np.ndarray:
     """Coefficients (S, K + 1) with zeros up to mode `modes` (S^2: (S, L + 1, L + 1) up to
     degree `modes`)."""
     grow = modes + 1 - c.shape[-1]
-    return np.pad(c, ((0, 0), (0, grow)) if d == 2 else ((0, 0), (0, grow), (0, grow)))
+    return np.pad(c, ((0, 0), (0, grow)) if c.ndim == 2 else ((0, 0), (0, grow), (0, grow)))
 
 
 def _lawson_rk4(field: TransportField, u: np.ndarray, h: float, full: np.ndarray,

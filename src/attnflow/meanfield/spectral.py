@@ -32,7 +32,7 @@ import numpy as np
 import scipy.fft as sfft
 from scipy.special import iv, ive
 
-from attnflow.meanfield.labels import Labels
+from attnflow.meanfield.labels import Labels, see
 from attnflow.meanfield.model import MeanFieldModel
 
 __all__ = ["TransportField", "grid_size", "to_grid"]
@@ -77,12 +77,7 @@ class TransportField:
 
     def seen(self, c: np.ndarray) -> np.ndarray:
         """Coefficients (S, K + 1) of what each label sees (module docstring)."""
-        if self._seen is None:
-            return c
-        # a real matrix on the interleaved real and imaginary parts: one real product
-        # (numpy's real @ complex goes through a complex product, ten times slower)
-        c = np.ascontiguousarray(c, dtype=complex)
-        return (self._seen @ c.view(float)).view(complex)
+        return c if self._seen is None else see(self._seen, c)
 
     def velocity(self, c: np.ndarray) -> np.ndarray:
         """The velocity v (S, M) at the collocation points theta_j = 2 pi j / M.

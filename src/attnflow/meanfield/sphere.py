@@ -28,7 +28,11 @@ v is a quotient and this is the usual dealiased truncation. Mass (l = 0) has der
 exactly. Transforms: an FFT in phi and, per order m, a matrix product with the tabulated
 P_lm(cos theta_j) and d/dtheta P_lm: O(L^3) per evaluation.
 
-Labels for the causal mask are not implemented on S^2 (refused by `TransportField2`).
+Causal mask: the state is one density per label s in [0, 1] (`attnflow.meanfield.labels`,
+the circle's label schemes and ALiBi), and label s sees sigma_s = int_0^s e^{-lambda (s - s')}
+f(s', .) ds' scaled by the weighting (`Labels.seen`): the same real (S, S) matrix acts on the
+label axis of the coefficients (`labels.see`), Z and N are those of sigma_s, and the flux is
+that of label s's own density (docs/science.md §9, "The causal mask on S^2").
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ import numpy as np
 from scipy.special import ive, sph_harm_y
 
 from attnflow._checks import fail
+from attnflow.meanfield.labels import Labels, see
 
-__all__ = ["SphereGrid", "TransportField2", "degrees", "grid_shape", "kernel_coefficients"]
+__all__ = ["SphereGrid", "TransportField2", "degrees", "grid_shape", "kernel_coefficients",
+           "label_tail"]
 
 
 def grid_shape(degree: int) -> tuple[int, int]:
@@ -169,8 +175,9 @@ class TransportField2:
 
     b : beta c, the kernel e^{b <x, y>} (Q^T K = c I), of either sign.
     V : (3, 3) value matrix (times the interaction strength).
-    weighting : "softmax" or "unnormalised".
-    labels : 1 (the full mask; labels are not implemented on S^2).
+    weighting : "softmax", "unnormalised" or "positional" (causal mask; for the full mask
+        without ALiBi it is "unnormalised").
+    labels : 1 (the full mask) or the causal mask's `Labels` (S labels; ALiBi's slope).
     degree : L, the highest degree.
     axisymmetric : compute the orders m = 0 only (exact for states independent of phi when
         V commutes with the rotations about the z axis, `keeps_axisymmetry`: such states
@@ -179,14 +186,15 @@ class TransportField2:
 
     def __init__(self, b: float, V: np.ndarray, weighting: str, labels: int,
                  degree: int, axisymmetric: bool = False) -> None:
-        if labels != 1:
-            raise fail("mask", "mask 'full' on S^2 (the causal mask's labels are implemented "
-                       "on the circle only)", "mask 'causal'")
+        if not isinstance(labels, Labels) and labels != 1:
+            raise fail("labels", "1 (the full mask) or the causal mask's Labels", repr(labels))
+        self.labels = labels if isinstance(labels, Labels) else None
+        self._seen = None if self.labels is None else self.labels.seen(weighting)
         self.b, self.V, self.weighting, self.degree = b, np.asarray(V, float), weighting, degree
         self.grid = SphereGrid(degree, 1 if axisymmetric else None)
         self.points = self.grid.n_theta * self.grid.n_phi
         i = kernel_coefficients(b, degree)  # e^{-|b|} i_l, l = 0..L + 1
-        if weighting == "unnormalised":
+        if weighting != "softmax":  # no ratio for the factor e^{-|b|} to cancel in
             i = i * np.exp(abs(b))
         l = np.arange(degree + 1)
         lower = np.concatenate([[0.0], i[:-2]])[: degree + 1]  # i_{l-1} (unused at l = 0)
@@ -195,9 +203,16 @@ class TransportField2:
         self._t = (4 * np.pi * np.where(l > 0, (lower - upper) / (2 * l + 1), 0.0))[:, None]
         self._r = (4 * np.pi * (l * lower + (l + 1) * upper) / (2 * l + 1))[:, None]
 
+    def seen(self, c: np.ndarray) -> np.ndarray:
+        """Coefficients (S, L + 1, L + 1) of what each label sees: c itself for the full mask
+        (module docstring)."""
+        return c if self._seen is None else see(self._seen, c)
+
     def velocity(self, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The velocity's components (v_theta, v_phi) on the grid, each (S, N_theta, N_phi)."""
+        """The velocity's components (v_theta, v_phi) on the grid, each (S, N_theta, N_phi),
+        of the labels with densities c (S, L + 1, L + 1)."""
         g = self.grid
+        c = self.seen(c)
         t_theta, t_phi = g.gradient(self._t * c)
         R = g.synthesis(self._r * c)
         e_theta, e_phi = g.frames
@@ -217,10 +232,18 @@ class TransportField2:
         return self.grid.divergence_weak(rho * v_theta, rho * v_phi) * _triangle(self.degree)
 
     def speed_bound(self) -> float:
-        """An upper bound of |v| over states of mass 1: |V|_2 for softmax (|N| <= Z), |V|_2
-        e^|b| for unnormalised weights."""
+        """An upper bound of |v| over states of mass 1 per label: |V|_2 for softmax (|N| <=
+        Z), |V|_2 e^|b| for unnormalised and positional weights (what a label sees has mass
+        at most 1)."""
         norm = float(np.linalg.norm(self.V, 2))
         return norm if self.weighting == "softmax" else norm * float(np.exp(abs(self.b)))
+
+
+def label_tail(labels: Labels, c: np.ndarray) -> float:
+    """The resolution measure in s of states c (S, L + 1, L + 1) (chebyshev labels; 0 for
+    cells): the L2 norm over the sphere and the labels' Chebyshev coefficients above degree
+    2 (S - 1) / 3 (`Labels.excess`), relative to c[s, 0, 0] (the circle's `Labels.tail`)."""
+    return float(np.sqrt(np.sum(_norm(labels.excess(c)) ** 2)) / MASS0)
 
 
 def keeps_axisymmetry(c: np.ndarray, V: np.ndarray) -> bool:
@@ -296,24 +319,29 @@ def check_coefficients(c: np.ndarray, name: str, tol: float) -> np.ndarray:
     return arr
 
 
-def from_values(f, degree: int, tol: float) -> np.ndarray:
-    """Coefficients (1, L + 1, L + 1) of the density proportional to f(x), x (..., 3) points
+def from_values(f, degree: int, tol: float, s: np.ndarray | None = None) -> np.ndarray:
+    """Coefficients (S, L + 1, L + 1) of the densities proportional to f(x) (s None: S = 1)
+    or to f(s, x) at the labels s (S,) (called with s of shape (S, 1, 1)), x (..., 3) points
     of the sphere, sampled on the grid of degree 2 L (so degrees up to 2 L are seen); degrees
     above L must be negligible (below `tol` relative)."""
     from attnflow._checks import describe, finite_array
 
     fine = SphereGrid(max(2 * degree, 16))
-    values = finite_array("f", f(fine.points), dtype=float)
-    if values.shape != fine.points.shape[:-1]:
-        raise fail("f", f"one value per point: shape {fine.points.shape[:-1]} for points of "
-                   f"shape {fine.points.shape}", describe(values))
-    if values.min() < 0 or values.max() <= 0:
+    x = fine.points
+    S = 1 if s is None else len(s)
+    values = finite_array("f", f(x) if s is None else f(s[:, None, None], x), dtype=float)
+    try:
+        values = np.broadcast_to(values, (S, *x.shape[:-1]))
+    except ValueError:
+        raise fail("f", f"one value per point: shape {x.shape[:-1]} (or {(S, *x.shape[:-1])} "
+                   f"for S labels) for points of shape {x.shape}", describe(values)) from None
+    if values.min() < 0 or np.any(values.reshape(S, -1).max(axis=1) <= 0):
         raise fail("f", "a density: values >= 0 with positive mass", f"minimum {values.min()}")
-    c = fine.analysis(values)[None]
-    c = c / (c[:, 0, 0].real / MASS0)
+    c = fine.analysis(values)
+    c = c / (c[:, :1, :1].real / MASS0)
     beyond = c.copy()
     beyond[:, :degree + 1, :degree + 1] = 0
-    left = float(_norm(beyond)[0] / MASS0)
+    left = float(_norm(beyond).max() / MASS0)
     if left > tol:
         raise fail("modes", f"a degree L that resolves f (its degrees above L = {degree} below "
                    f"{tol:g} relative)", f"{degree}, which leaves {left:.3g}")
@@ -326,25 +354,38 @@ def angles(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return theta, np.arctan2(x[..., 1], x[..., 0])
 
 
-def empirical(x: np.ndarray, degree: int) -> np.ndarray:
+def empirical(x: np.ndarray, degree: int, cells: np.ndarray | None = None) -> np.ndarray:
     """The empirical measure's coefficients M_lm = (1/n) sum_j conj(Y_lm(x_j)) (..., L + 1,
     L + 1) of tokens x (..., n, 3), one (l, m) at a time (memory of n tokens, not n (L + 1)^2);
-    0 where m > l."""
+    0 where m > l. With `cells` (n,) (tokens x (n, 3), cell indices 0..S-1, each cell
+    non-empty): the mean over each cell's tokens, (S, L + 1, L + 1)."""
     theta, phi = angles(np.asarray(x, dtype=float))
-    out = np.zeros((*theta.shape[:-1], degree + 1, degree + 1), dtype=complex)
+    if cells is None:
+        mean = lambda y: y.mean(axis=-1)  # noqa: E731
+        shape = theta.shape[:-1]
+    else:
+        counts = np.bincount(cells)
+        mean = lambda y: (np.bincount(cells, y.real) + 1j * np.bincount(cells, y.imag)  # noqa: E731
+                          ) / counts
+        shape = counts.shape
+    out = np.zeros((*shape, degree + 1, degree + 1), dtype=complex)
     for l in range(degree + 1):
         for m in range(l + 1):
-            out[..., l, m] = np.conj(sph_harm_y(l, m, theta, phi)).mean(axis=-1)
+            out[..., l, m] = mean(np.conj(sph_harm_y(l, m, theta, phi)))
     return out
 
 
-def from_points(x: np.ndarray, degree: int, width: float, tol: float) -> np.ndarray:
-    """Coefficients (1, L + 1, L + 1) of tokens x (n, 3) on S^2, smoothed by the heat kernel
-    of width `width` (degree l scaled by e^{-l (l + 1) width^2 / 2})."""
+def from_points(x: np.ndarray, degree: int, width: float, tol: float,
+                cells: np.ndarray | None = None) -> np.ndarray:
+    """Coefficients (S, L + 1, L + 1) of tokens x (n, 3) on S^2 (S = 1, or the label cells
+    `cells` (n,) of `empirical`), smoothed by the heat kernel of width `width` (degree l
+    scaled by e^{-l (l + 1) width^2 / 2})."""
     l = np.arange(degree + 1)[:, None]
-    c = empirical(x, degree) * np.exp(-0.5 * l * (l + 1) * width**2)
-    c[:, 0] = c[:, 0].real
-    return check_coefficients(c[None], "x", tol)
+    c = empirical(x, degree, cells) * np.exp(-0.5 * l * (l + 1) * width**2)
+    if cells is None:
+        c = c[None]
+    c[..., 0] = c[..., 0].real
+    return check_coefficients(c, "x", tol)
 
 
 def values(c: np.ndarray, x: np.ndarray) -> np.ndarray:

@@ -42,6 +42,11 @@ def plot_meanfield(
 
     label : the label cell to draw (causal mask; default the last, the last token's label);
         the full mask has the one cell 0 (or -1).
+
+    On S^2 (result.d = 3) two panels: the density averaged over longitude against time and
+    polar angle (its zonal part, sum_l c_l0 Y_l0), and the density at the last time on a
+    (polar angle, longitude) grid of `points` longitudes; ax: two Axes or None; no
+    particles. Zonal results on S^{d-1}, d > 3: the first panel only (the density itself).
     particles : an attnflow `Trajectory` of the same model (d = 2), or None; its saved times
         on the result's time range are drawn (after a loss of resolution the density ends,
         the particles' panel too). For the causal mask the histogram takes the tokens of the
@@ -60,6 +65,11 @@ def plot_meanfield(
     if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not (
             -S <= label < S):
         raise fail("label", f"a label cell index in [-{S}, {S})", repr(label))
+    if result.d >= 3:
+        if particles is not None:
+            raise fail("particles", f"None for a result on S^{result.d - 1} (particles are "
+                       "drawn beside densities on the circle)", type(particles).__name__)
+        return _sphere(result, label, points or max(128, 4 * K), ax, figsize)
     if points is None:
         points = max(256, 4 * K)
     if isinstance(points, bool) or not isinstance(points, (int, np.integer)) or points <= 2 * K:
@@ -88,6 +98,52 @@ def plot_meanfield(
             _particles(b, p, particles, run, label % S, S, result, c, points, bins, low, top)
         fig.colorbar(mesh, ax=a if particles is None else [a, b], label=r"density",
                      extend="neither" if particles is None else "both")
+        if result.resolution_lost_at is not None:
+            fig.suptitle(f"resolution lost at t = {result.resolution_lost_at:.3g}")
+    return fig
+
+
+def _sphere(result: MeanFieldResult, label: int, points: int, ax: Axes | None,
+            figsize: tuple[float, float] | None) -> Figure:
+    """`plot_meanfield` of a result on S^2 or a zonal one on S^{d-1} (its docstring)."""
+    if isinstance(points, bool) or not isinstance(points, (int, np.integer)) or points < 8:
+        raise fail("points", "an integer >= 8 (longitudes of the map)", repr(points))
+    c = result.coefficients[:, label]  # (T, L + 1, L + 1) on S^2, (T, L + 1) zonal
+    L = c.shape[-1] - 1
+    theta = (np.arange(points // 2) + 0.5) * np.pi / (points // 2)
+    if result.d == 3:
+        l = np.arange(L + 1)
+        y0 = np.sqrt((2 * l + 1) / (4 * np.pi))[:, None] * np.array(
+            [np.polynomial.legendre.legval(np.cos(theta), np.eye(L + 1)[k]) for k in l])
+        zonal = c[..., 0].real @ y0  # (T, points // 2): the longitude average
+        last = result.density(points)[-1, label % result.coefficients.shape[1]]
+    else:
+        zonal = result.density(points // 2)[:, label]
+        last = zonal
+    with mpl.rc_context(STYLE):
+        count = 2 if result.d == 3 else 1
+        fig, axes = _figure(ax, figsize or (count * COLUMN, 2.4), count)
+        a = axes[0]
+        low = float(max(min(zonal.min(), last.min()), 0.0))
+        top = float(max(zonal.max(), last.max()))
+        mesh = a.pcolormesh(result.times, theta, zonal.T, shading="nearest", cmap="Greys",
+                            vmin=low, vmax=top, rasterized=True)
+        a.set_xlim(result.times[0], result.times[-1])
+        a.set_ylim(np.pi, 0)
+        a.set_xlabel("t")
+        a.set_ylabel(r"polar angle $\theta$")
+        a.set_title("mean field, averaged over longitude" if count == 2 else
+                    f"mean field on $S^{{{result.d - 1}}}$ (zonal)")
+        if count == 2:
+            b = axes[1]
+            phi = (np.arange(points) + 0.5) * 2 * np.pi / points
+            b.pcolormesh(phi, theta, last, shading="nearest", cmap="Greys", vmin=low,
+                         vmax=top, rasterized=True)
+            b.set_ylim(np.pi, 0)
+            b.set_xlabel(r"longitude $\varphi$")
+            b.set_ylabel(r"$\theta$")
+            b.set_title(f"t = {result.times[-1]:.3g}")
+        fig.colorbar(mesh, ax=axes, label="density (per unit area)")
         if result.resolution_lost_at is not None:
             fig.suptitle(f"resolution lost at t = {result.resolution_lost_at:.3g}")
     return fig
@@ -182,9 +238,9 @@ def plot_moments(
     """
     if not isinstance(result, MeanFieldResult):
         raise fail("result", "an attnflow.meanfield.MeanFieldResult", type(result).__name__)
-    if not isinstance(particles, Trajectory) or particles.d != 2:
-        raise fail("particles", "an attnflow Trajectory on the circle (d = 2)",
-                   repr(particles)[:80])
+    if not isinstance(particles, Trajectory) or particles.d != 2 or result.d != 2:
+        raise fail("particles", "an attnflow Trajectory on the circle (d = 2) beside a result "
+                   "on the circle", repr(particles)[:80])
     S, K = result.coefficients.shape[1], result.coefficients.shape[2] - 1
     if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not (
             -S <= label < S):
