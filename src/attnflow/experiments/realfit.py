@@ -41,8 +41,8 @@ TITLE = "The idealised model fitted to each layer of SmolLM2 and Gemma 3: the sh
 QUICK: dict[str, Any] = {"models": ["smollm2"], "layer_step": 3, "prompts": 6,
                          "n_tokens": 16, "rank_v": 4, "rank_r": 4, "steps": 100}
 FULL: dict[str, Any] = {**QUICK, "models": ["smollm2", "gemma3-270m"], "layer_step": 1,
-                        "prompts": 24, "n_tokens": 32, "steps": 200}
-FULL_MINUTES = 15
+                        "prompts": 16, "n_tokens": 24}
+FULL_MINUTES = 6
 CLAIMS = ("realfit.beats_baselines", "realfit.share", "realfit.pure")
 FITS = ("idealised", "pure")  # the fitted models: V = lam I + rank r, and V = lam I
 

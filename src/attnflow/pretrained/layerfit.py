@@ -164,7 +164,7 @@ def _misfit(Delta: Any, v: Any) -> Any:
 def _lbfgs(params: list[Any], loss: Any, steps: int) -> None:
     torch = _torch()
     opt = torch.optim.LBFGS(params, lr=1.0, max_iter=steps, history_size=20,
-                            tolerance_grad=1e-10, tolerance_change=1e-14,
+                            tolerance_grad=1e-10, tolerance_change=1e-10,
                             line_search_fn="strong_wolfe")
 
     def closure() -> Any:
