@@ -46,7 +46,7 @@ import numpy as np
 
 from attnflow._checks import describe, fail
 
-__all__ = ["BASELINES", "IdealisedLayer", "baseline", "fit_idealised", "share",
+__all__ = ["BASELINES", "IdealisedLayer", "baseline", "fit_idealised", "misfit", "share",
            "tangent_steps"]
 
 BASELINES = ("self", "drift", "mean", "first")
@@ -177,11 +177,13 @@ def _lbfgs(params: list[Any], loss: Any, steps: int) -> None:
 
 
 def fit_idealised(U: Any, Delta: Any, rank_v: int, rank_r: int, steps: int = 200,
-                  seed: int = 0, init: dict[str, float] | None = None) -> IdealisedLayer:
+                  seed: int = 0, init: dict[str, Any] | None = None) -> IdealisedLayer:
     """The idealised layer (rank_v: rank of V's extra, rank_r: k, S of rank 2k) that
     minimises sum |Delta - v(U)|^2 over tokens U (P, n, d) and their tangent steps Delta, by
-    L-BFGS (at most `steps` iterations) from beta = init["beta"] (default 1), lam from the
-    `mean` baseline's slope, small random A, Z (seeded) and B = 0."""
+    L-BFGS (at most `steps` iterations) from beta = init["beta"] (default 1), lam (default:
+    the `mean` baseline's slope), A and B (default: small random A, seeded, and B = 0; e.g.
+    the `self` baseline's, with a large beta: the self baseline is the model's limit
+    beta -> inf at R = I) and small random Z (seeded)."""
     torch = _torch()
     _check(U, Delta)
     d = U.shape[-1]
@@ -194,8 +196,10 @@ def fit_idealised(U: Any, Delta: Any, rank_v: int, rank_r: int, steps: int = 200
     layer = IdealisedLayer(
         beta=torch.tensor(float(init["beta"]), dtype=torch.float64),
         lam=torch.tensor(float(init.get("lam", c)), dtype=torch.float64),
-        A=0.1 * torch.randn(d, rank_v, generator=g, dtype=torch.float64) / np.sqrt(d),
-        B=torch.zeros(d, rank_v, dtype=torch.float64),
+        A=torch.as_tensor(init["A"]).clone() if "A" in init else
+        0.1 * torch.randn(d, rank_v, generator=g, dtype=torch.float64) / np.sqrt(d),
+        B=torch.as_tensor(init["B"]).clone() if "B" in init else
+        torch.zeros(d, rank_v, dtype=torch.float64),
         Z=0.1 * torch.randn(d, 2 * rank_r, generator=g, dtype=torch.float64) / np.sqrt(d))
     for p in layer.parameters():
         p.requires_grad_(True)
@@ -203,6 +207,13 @@ def fit_idealised(U: Any, Delta: Any, rank_v: int, rank_r: int, steps: int = 200
     for p in layer.parameters():
         p.requires_grad_(False)
     return layer
+
+
+def misfit(U: Any, Delta: Any, v: Any) -> float:
+    """sum |Delta - v|^2 / sum |Delta|^2 over all prompts and tokens (the fit's loss)."""
+    torch = _torch()
+    with torch.no_grad():
+        return float(_misfit(Delta, v))
 
 
 def _causal_mean(U: Any) -> Any:
