@@ -9,9 +9,10 @@ Delta_i = P_{u_i}(u'_i - u_i). The paper's model with one causal head, Q^T K = b
 orthogonal, a rotation of a 2k-dimensional subspace), V = lam I + A B^T (rank r), one step of
 time 1, is fitted to them by torch autograd and L-BFGS (`attnflow.pretrained.layerfit`), on
 the even-numbered prompts of `PROMPTS`, from two starts (beta = 1, and near the self
-baseline, the model's limit beta -> inf; the smaller training misfit kept); the share of the change it explains,
-1 - |Delta - v|^2 / |Delta|^2 per prompt, is measured on them (in sample) and on the
-odd-numbered prompts (held out), evaluated with the family's `Attention` on tensors. Beside it:
+baseline, the model's limit beta -> inf; the smaller training misfit kept); the share of the
+change it explains, 1 - |Delta - v|^2 / |Delta|^2 per prompt, is measured on them (in sample)
+and on the odd-numbered prompts (held out), evaluated with the family's `Attention` on
+tensors. Beside it:
 the pure model (V = lam I: attention alone) and four baselines without attention mixing or
 with fixed weights (`attnflow.pretrained.layerfit.BASELINES`).
 
@@ -45,6 +46,8 @@ FULL: dict[str, Any] = {**QUICK, "models": ["smollm2", "gemma3-270m"], "layer_st
                         "prompts": 16, "n_tokens": 24}
 FULL_MINUTES = 6
 CLAIMS = ("realfit.beats_baselines", "realfit.share", "realfit.pure")
+MIN_PROMPTS = 4  # two fitted, two held out: a standard error over prompts needs two
+MAX_TOKENS = 32  # every prompt of PROMPTS has at least 32 tokens in both tokenizers
 # The second start of the idealised fit: beta at which causal attention on unit tokens is
 # nearly each token's own (weight exp(-beta (1 - cos)) on a neighbour at cosine cos: e^-5 at
 # cos = 0.95), with the self baseline's V extra.
@@ -145,14 +148,15 @@ def _check(params: dict[str, Any]) -> None:
     from attnflow._checks import fail
 
     p = params["prompts"]
-    if isinstance(p, bool) or not isinstance(p, int) or not 4 <= p <= len(PROMPTS) or p % 2:
-        raise fail("prompts", f"an even integer in [4, {len(PROMPTS)}] (half fitted, half "
-                   "held out)", repr(p))
+    if (isinstance(p, bool) or not isinstance(p, int) or not MIN_PROMPTS <= p <= len(PROMPTS)
+            or p % 2):
+        raise fail("prompts", f"an even integer in [{MIN_PROMPTS}, {len(PROMPTS)}] (half "
+                   "fitted, half held out)", repr(p))
     if not isinstance(params["layer_step"], int) or params["layer_step"] < 1:
         raise fail("layer_step", "an integer >= 1", repr(params["layer_step"]))
-    if not isinstance(params["n_tokens"], int) or not 2 <= params["n_tokens"] <= 32:
-        raise fail("n_tokens", "an integer in [2, 32] (every prompt has 32 tokens)",
-                   repr(params["n_tokens"]))
+    if not isinstance(params["n_tokens"], int) or not 2 <= params["n_tokens"] <= MAX_TOKENS:
+        raise fail("n_tokens", f"an integer in [2, {MAX_TOKENS}] (every prompt has "
+                   f"{MAX_TOKENS} tokens)", repr(params["n_tokens"]))
 
 
 def _run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
