@@ -2,7 +2,7 @@
 
 Each recipe writes into ``OUT/<name>/``: its PNG figures and ``result.json`` (numbers, claims,
 exact parameters, seed, version, wall and CPU time of this process, when it finished, and its
-suite: "paper", "followups" or "closedforms"). The folder is built
+suite: "paper", "followups", "closedforms" or "gradients"). The folder is built
 under a temporary name and renamed into place when complete, so an interrupted run leaves no
 half-written recipe. A rerun with the same OUT reuses every finished recipe whose size,
 parameters and seed match, unless forced.
@@ -30,7 +30,7 @@ SUITE_CHOICES = (*SUITES, "all")
 
 def recipe_names(names: list[str] | None = None, suite: str = "all") -> list[str]:
     """The recipes to run, in registry order: `names` when given (each must belong to `suite`),
-    else every recipe of `suite` ("paper", "followups", "closedforms" or "all")."""
+    else every recipe of `suite` ("paper", "followups", "closedforms", "gradients" or "all")."""
     if suite not in SUITE_CHOICES:
         raise fail("suite", f"one of {SUITE_CHOICES}", repr(suite))
     allowed = list(RECIPES) if suite == "all" else list(SUITES[suite])
@@ -57,7 +57,8 @@ def reproduce(
     """Run recipes (all of `suite` by default, in registry order) and return their results.
 
     size : "quick" (default sizes, minutes) or "full" (the paper's sizes).
-    suite : "paper", "followups", "closedforms" or "all" (default); `names` must belong to it.
+    suite : "paper", "followups", "closedforms", "gradients" or "all" (default); `names` must
+        belong to it.
     overrides : per-recipe parameter overrides, e.g. {"fig3": {"runs": 50}}.
     progress : given a recipe name, returns a callback receiving the fraction done.
     on_start : called with (name, reused) before each recipe.
