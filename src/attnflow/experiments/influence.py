@@ -4,13 +4,14 @@
 The model: tokens on the circle, Q = K = V = I, causal mask, the positional weighting with
 ALiBi slope `slope` / n per token (attnflow time; the source's time is ours divided by beta).
 For each of `runs` iid uniform starts of n tokens, the run goes forward once on torch
-tensors (float64, CPU, RK4 at dt = `dt` / beta, steps recomputed in the backward pass,
-`checkpoint=1`), and for each save time t one backward pass gives the whole row of the last
-token's Jacobian: the vector-Jacobian product of the tangent covector of theta_n(t) =
-atan2(x_n(t)) (the vector (-y, x) / |x|^2 at x_n(t)), read on the tangent of each initial
-token, J_j = d theta_n(t) / d theta_j(0) for j = 1..n (the runs of a chunk share the pass: a
-run's loss does not depend on another run's tokens). On the circle the tangent block of
-dx_n(t)/dx_j(0) is this one number, so its operator and Frobenius norms are both |J_j|.
+tensors (float64, CPU, RK4 at dt = `dt` / beta, the graph kept: a chunk of `chunk` runs
+holds about 5 x 4 x steps x chunk x n^2 doubles), and for each save time t one backward pass
+gives the whole row of the last token's Jacobian: the vector-Jacobian product of the
+covector of theta_n(t) = atan2(x_n(t)) (the vector (-y, x) / |x|^2 at x_n(t)), read on the
+tangent of each initial token, J_j = d theta_n(t) / d theta_j(0) for j = 1..n (the runs of
+a chunk share the pass: a run's loss does not depend on another run's tokens). On the circle
+the tangent block of dx_n(t)/dx_j(0) is this one number, so its operator and Frobenius norms
+are both |J_j|.
 
 Measured, per run and per label cell (`cells` equal cells of s = j / n, j < n), at the times
 `factors` x t_crit (t_crit the retrieval's recency time, `recency_time`):
@@ -40,11 +41,11 @@ from attnflow.simulate import simulate
 PAPERS = ("2605.09213",)  # arXiv ids of the papers whose claims this recipe checks
 NAME = "influence"
 TITLE = "The influence of each token on the last one: the gradient view of lost in the middle"
-QUICK: dict[str, Any] = {"settings": [[1.0, 1.0]], "factors": [0.25, 0.5, 1.0], "n": 120,
-                         "runs": 32, "cells": 8, "dt": 0.5, "chunk": 16}
-FULL: dict[str, Any] = {**QUICK, "factors": [0.25, 0.5, 0.75, 1.0, 1.25], "n": 320,
-                        "runs": 96, "cells": 10}
-FULL_MINUTES = 10  # estimated from the quick size (20 s CPU at n = 160): (320/160)^2 x 3 x 1.7
+QUICK: dict[str, Any] = {"settings": [[1.0, 1.0]], "factors": [0.25, 0.5, 1.0], "n": 160,
+                         "runs": 32, "cells": 8, "dt": 0.5, "chunk": 8}
+FULL: dict[str, Any] = {**QUICK, "factors": [0.25, 0.5, 0.75, 1.0, 1.25], "n": 500,
+                        "runs": 192, "cells": 10}
+FULL_MINUTES = 8  # estimated: 1.5 s CPU per 16 runs at n = 120, t = t_crit; x (500/120)^2 x 1.5
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
@@ -59,7 +60,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
     figures = [save_figure(_figure(results), out, "influence.png")]
     notes = [f"n = {params['n']} tokens, {params['runs']} iid uniform starts per setting, torch "
              f"float64 on the CPU, dense kernel (SDPA), positional weighting, ALiBi slope "
-             f"lambda / n per token, RK4 dt = {params['dt']:g} / beta, checkpoint = 1; one "
+             f"lambda / n per token, RK4 dt = {params['dt']:g} / beta; one "
              f"backward pass per save time for a chunk of {params['chunk']} runs. "
              f"{params['cells']} equal label cells of the tokens j < n; the retrieval weights "
              f"w_k = e^(-pi^2 k^2 / 128), k = 1..{SOFT_MODES}."]
@@ -68,20 +69,27 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
 
 def _jacobian_rows(model, theta0: np.ndarray, times: list[float], dt: float):
     """J (T, R, n) = d theta_n(t) / d theta_j(0) and theta_n(t) (T, R) for starts theta0 (R, n):
-    one forward run, one backward pass per save time."""
+    one forward run, one backward pass per save time (on one torch thread: many small calls,
+    docs/guide/gpu.md)."""
     import torch
 
-    x0 = torch.from_numpy(np.stack([np.cos(theta0), np.sin(theta0)], axis=-1)).requires_grad_()
-    run = simulate(model, x0, times[-1], save_at=times, dt=dt, checkpoint=1)
-    rows, last = [], []
-    for i in range(len(times)):
-        xn = run.states[i, :, -1]  # (R, 2), off the circle by RK4's error
-        cov = (torch.stack([-xn[:, 1], xn[:, 0]], dim=-1) / (xn * xn).sum(-1, keepdim=True))
-        (grad,) = torch.autograd.grad((xn * cov.detach()).sum(), x0,
-                                      retain_graph=i < len(times) - 1)
-        g = grad.numpy()
-        rows.append(-g[..., 0] * np.sin(theta0) + g[..., 1] * np.cos(theta0))
-        last.append(np.arctan2(xn[:, 1].detach().numpy(), xn[:, 0].detach().numpy()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x0 = torch.from_numpy(np.stack([np.cos(theta0), np.sin(theta0)], axis=-1))
+        x0.requires_grad_()
+        run = simulate(model, x0, times[-1], save_at=times, dt=dt)
+        rows, last = [], []
+        for i in range(len(times)):
+            xn = run.states[i, :, -1]  # (R, 2), off the circle by RK4's error
+            cov = torch.stack([-xn[:, 1], xn[:, 0]], dim=-1) / (xn * xn).sum(-1, keepdim=True)
+            (grad,) = torch.autograd.grad((xn * cov.detach()).sum(), x0,
+                                          retain_graph=i < len(times) - 1)
+            g = grad.numpy()
+            rows.append(-g[..., 0] * np.sin(theta0) + g[..., 1] * np.cos(theta0))
+            last.append(np.arctan2(xn[:, 1].detach().numpy(), xn[:, 0].detach().numpy()))
+    finally:
+        torch.set_num_threads(threads)
     return np.stack(rows), np.stack(last)
 
 
