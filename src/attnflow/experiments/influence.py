@@ -200,6 +200,7 @@ def _figure(results) -> Figure:
                     lw=1.0, label=f"t = {t / r['t_crit']:g} t_crit")
             ax.plot(fine, soft_accuracy(fine, t, r["beta"], r["slope"]), ":", color=color,
                     lw=0.9)
+            ax.stairs(r["predicted"][i], edges, baseline=None, color=color, lw=0.6, alpha=0.6)
             ax.errorbar(centres, r["influence"][i], yerr=2 * r["influence_se"][i], fmt="o",
                         color=color, ms=4, mfc="none", elinewidth=0.8)
             ax.errorbar(centres, r["gradient"][i], yerr=2 * r["gradient_se"][i], fmt="x",
@@ -209,7 +210,7 @@ def _figure(results) -> Figure:
                f"{r['t_crit']:.2f}, t_I = {r['t_influence']:.2f}")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, title="influence n E|d theta_n(t) / d theta_j(0)|: predicted "
-                  "(solid),\nmeasured (circles, 2 se); retrieval: closed form (dotted),\n"
+                  "(solid; thin steps: over the cells' tokens),\nmeasured (circles, 2 se); retrieval: closed form (dotted),\n"
                   "gradient estimator n E[J S] (crosses)", title_fontsize=7)
     axes[0].set_ylabel("influence / soft accuracy (times n)")
     fig.tight_layout()
