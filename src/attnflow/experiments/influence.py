@@ -210,8 +210,9 @@ def _figure(results) -> Figure:
                f"{r['t_crit']:.2f}, t_I = {r['t_influence']:.2f}")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, title="influence n E|d theta_n(t) / d theta_j(0)|: predicted "
-                  "(solid; thin steps: over the cells' tokens),\nmeasured (circles, 2 se); retrieval: closed form (dotted),\n"
-                  "gradient estimator n E[J S] (crosses)", title_fontsize=7)
+                  "(solid; thin steps: over the cells' tokens),\nmeasured (circles, 2 se); "
+                  "retrieval: closed form (dotted),\ngradient estimator n E[J S] (crosses)",
+                  title_fontsize=7)
     axes[0].set_ylabel("influence / soft accuracy (times n)")
     fig.tight_layout()
     return fig
