@@ -28,6 +28,8 @@
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients; with ALiBi (§11.1): the Hardy label, the
   retrieval profile, the soft accuracy and the critical time of recency.
+* influence: the influence of each token on the last one, |d theta_n(t) / d theta_j(0)|,
+  linearised (docs/science.md §11.7): its mean and rms over starts, its recency time t_I.
 * modes: clusters as the modes of a kernel density at the length scale beta^{-1/2}, counted
   by persistence with a mass fraction (`density_cluster_count`; `density_peak_count` for a
   density's coefficients): a count that means the same at n = 10 and n = 10^6.
@@ -91,6 +93,11 @@ from attnflow.analysis.gaussian import (
     gaussian_isotropic_moments,
     gaussian_moment_rhs,
     gaussian_moments,
+)
+from attnflow.analysis.influence import (
+    influence_recency_time,
+    mean_influence,
+    rms_influence,
 )
 from attnflow.analysis.kinetic import (
     alibi_memory,
@@ -249,6 +256,9 @@ __all__ = [
     "gaussian_moment_rhs",
     "gaussian_moments",
     "alibi_memory",
+    "influence_recency_time",
+    "mean_influence",
+    "rms_influence",
     "hardy_label",
     "recency_time",
     "soft_accuracy",
