@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 
 __all__ = ["apply_total", "backward", "block_totals", "degrees", "direct_rows", "feature_count",
-           "forward", "recurrence"]
+           "forward", "norm_range", "recurrence"]
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -285,3 +285,18 @@ def direct_rows(q: np.ndarray, k: np.ndarray, vv: np.ndarray, beta: float, slope
             for c in range(F):
                 acc[r, i, c] += w * mv[m, c]
         shift[r, i] = top
+
+
+@njit(**_JIT)
+def norm_range(x: np.ndarray) -> tuple[float, float]:
+    """(min, max) of the Euclidean norms of the rows of x (m, d)."""
+    low = np.inf
+    top = -np.inf
+    for i in range(x.shape[0]):
+        acc = 0.0
+        for c in range(x.shape[1]):
+            acc += float(x[i, c]) * float(x[i, c])
+        h = math.sqrt(acc)
+        low = min(low, h)
+        top = max(top, h)
+    return low, top

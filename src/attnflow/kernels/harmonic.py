@@ -176,7 +176,7 @@ def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any
                        f"harmonic kernel (Q, K mapping to R^2 or R^3; q has {q.shape[-1]})",
                        describe(x))
     a = _common_norm("q", q)
-    b = _common_norm("k", k)
+    b = a if k is q else _common_norm("k", k)
     if beta is not None:
         check_scale(float(beta) * a * b)
     return mask, bias, normalization, a, b
@@ -185,8 +185,13 @@ def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any
 def _common_norm(name: str, x: np.ndarray) -> float:
     """The norm every row of x shares (Q or K a multiple of an orthogonal matrix on tokens
     of the sphere), read from its first row; refused when they differ beyond round-off."""
-    norms = np.sqrt(np.einsum("...i,...i->...", x, x, dtype=float)).reshape(-1)
-    top, low = float(norms.max()), float(norms.min())
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.dtype in (np.float32, np.float64) and flat.shape[0]:
+        low, top = _harmonic.norm_range(np.ascontiguousarray(flat))  # one pass, no temporaries
+        norms = np.sqrt(np.einsum("i,i->", flat[0], flat[0], dtype=float))[None]
+    else:
+        norms = np.sqrt(np.einsum("...i,...i->...", flat, flat, dtype=float))
+        top, low = float(norms.max()), float(norms.min())
     slack = 64 * np.finfo(x.dtype if np.issubdtype(x.dtype, np.floating) else float).eps
     if top - low > slack * max(top, 1.0):
         which = "Q" if name == "q" else "K"
@@ -222,7 +227,7 @@ def attend(
         if x.ndim < 2 or x.shape[-2] != n:
             raise fail(name, f"{n} rows, one per query", describe(x))
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
-    if not (np.isfinite(q).all() and np.isfinite(k).all() and np.isfinite(v).all()):
+    if not all(np.isfinite(x).all() for x in {id(x): x for x in (q, k, v)}.values()):
         # NaN out, as the other kernels give, so that an integrator reports the state
         shape = (*np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), n, v.shape[-1])
         return np.full(shape, np.nan, dtype)
@@ -281,8 +286,7 @@ def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpe
               and gamma == 1.0 else None)
     vv = None
     if affine is not None:
-        c = coefficients(B, d)[: K + 1]
-        _circle_scan(qf, kf, c * np.where(np.arange(K + 1) > 0, 2.0, 1.0), kf is qf,
+        _circle_scan(qf, kf, _circle_coefficients(coefficients(B, d)[: K + 1]), kf is qf,
                      mask == "causal", affine, acc)
     else:
         u = _directions(qf, a)
@@ -392,10 +396,31 @@ def _circle_affine(k: np.ndarray, v: np.ndarray, b: float) -> np.ndarray | None:
     None otherwise (the general path)."""
     if not (v is k or (v.shape == k.shape and v.dtype == k.dtype and np.array_equal(v, k))):
         return None
-    low, top = _circle.norm_range(np.ascontiguousarray(k).reshape(-1, 2))
-    if top - low > AFFINE_SLACK * np.finfo(k.dtype).eps * top:
+    low, top = _harmonic.norm_range(np.ascontiguousarray(k).reshape(-1, 2))
+    if top - low > AFFINE_SLACK * np.finfo(k.dtype if k.dtype.kind == "f" else float).eps * top:
         return None
     return np.array([[0.0, 0.0], [b, 0.0], [0.0, b]])
+
+
+def _circle_coefficients(c: np.ndarray) -> np.ndarray:
+    """(3, K + 2) the fused circle path's weights of a_m, a_m, b_m (`_circle`) from the
+    expansion's c_0..c_K: Z's (c_0, 2 c_1, .., 2 c_K, 0) and those of N conj(q),
+    c_{m-1} + c_{m+1} and c_{m-1} - c_{m+1} (c_{-1} = c_1; 0 beyond K; b_0 = 0)."""
+    K = c.size - 1
+    ext = np.zeros(K + 3)  # c_{m-1} at m + 0: c_{-1}, c_0, .., c_K, 0
+    ext[1:K + 2] = c
+    ext[0] = c[1] if K >= 1 else 0.0
+    above = np.zeros(K + 2)  # c_{m+1}
+    above[: K] = c[1:]
+    below = ext[: K + 2]
+    out = np.empty((3, K + 2))
+    out[0, : K + 1] = c * np.where(np.arange(K + 1) > 0, 2.0, 1.0)
+    out[0, K + 1] = 0.0
+    out[1] = below + above
+    out[2] = below - above
+    out[1, 0] = ext[0]  # m = 0: only k = -1
+    out[2, 0] = 0.0
+    return out
 
 
 def _circle_scan(q: np.ndarray, k: np.ndarray, lam: np.ndarray, same: bool, causal: bool,
@@ -406,7 +431,7 @@ def _circle_scan(q: np.ndarray, k: np.ndarray, lam: np.ndarray, same: bool, caus
     but the first read the total of the chunks before it. Full: the totals of blocks of
     BLOCK keys, then every row reads their sum."""
     R, n, _ = q.shape
-    top = lam.size + 1  # moments of orders 0 .. K + 1
+    top = lam.shape[1]  # moments of orders 0 .. K + 1
     cost = float(R) * n * top * 16
     if causal:
         chunks = max(1, min(CHUNKS, -(-n // BLOCK)))
