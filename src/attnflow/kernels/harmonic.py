@@ -8,7 +8,10 @@ harmonics on S^2 (degree L, also called K below) (docs/science.md, "Harmonic ker
 Every sum over the keys a row sees becomes a combination of the keys' harmonic moments over
 that set: prefix sums for the causal mask, prefix sums over the last w keys for a window,
 one total for the full mask; a score bias -slope |i - j| (ALiBi, `options.LinearBias`)
-becomes a decay e^{-slope} per step of those sums. V factors out.
+becomes a decay e^{-slope} per step of those sums. V factors out. On the circle, where the
+values are the keys (V = K, e.g. Q = K = V = I), causal or full without a bias, a fused path
+(`attnflow.kernels._circle`) keeps K + 2 complex moments of the key directions instead of
+the (f + 1)(2K + 1) real moments of (v, 1) (docs/science.md, "Harmonic kernels").
 
 Accuracy, proven and checked per row. Weights are computed as exp(score - |B|) (scaled
 Bessel functions, scipy.special.ive), so nothing overflows at any B. The expansion's tail is
