@@ -304,9 +304,9 @@ def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpe
     count = _counts(n, mask, gamma)
     T = float(tail(B, d)[K])
     Z = acc[..., f]
-    bad = ~(count * T <= tol * Z)  # NaN-safe: a non-positive or NaN Z fails
+    bad = _harmonic.beyond_bound(Z, count, T, tol)  # count T > tol Z, NaN-safe
     shift = np.full(acc.shape[:-1], s)
-    if np.any(bad):
+    if bad is not None:
         _direct_rows(acc, shift, bad, qf.astype(float, copy=False),
                      kf.astype(float, copy=False),
                      _values(v, lead, n, f) if vv is None else vv, float(beta), mask, slope,
@@ -500,6 +500,10 @@ def _whole(w: np.ndarray, vv: np.ndarray, K: int, rec: np.ndarray, H: int) -> np
 
 def _counts(n: int, mask: MaskSpec, gamma: float) -> np.ndarray:
     """(n,) each row's decayed number of keys: sum over the keys it sees of gamma^|i - j|."""
+    if gamma == 1.0 and mask == "causal":  # one pass each, for n = 1e6 per field evaluation
+        return np.arange(1.0, n + 1.0)
+    if gamma == 1.0 and mask == "full":
+        return np.full(n, float(n))
     i = np.arange(n, dtype=float)
     before = np.minimum(i + 1, mask[1]) if isinstance(mask, tuple) else i + 1  # j <= i
     after = n - 1 - i if mask == "full" else np.zeros(n)  # j > i
