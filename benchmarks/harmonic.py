@@ -8,9 +8,9 @@ Rows (each a ratio measured in this process; absolute seconds drift on a shared 
 * H4: RK4, dt = 0.05, to t = 10 at n = 1e6 on the circle (beta = 64, causal, backend
   "harmonic"): target within 15 minutes, with the peak memory (RSS) of the process.
 * H5: one causal evaluation on the circle at n = 1e6, beta = 64, on 1 thread and on 2
-  (ATTNFLOW_THREADS), with the time of its parts on 1 thread: the block totals (the first
-  pass of the blocked prefix scan), the rows from the blocks' starting moments (the second),
-  and the rest (numpy, serial):
+  (ATTNFLOW_THREADS), with the time of its parts on 1 thread: the numba loops (the fused
+  circle path's rows, which V = K takes since H6; before, the general path's block totals
+  and rows) and the rest (numpy, serial):
   targets >= 1.7x on 2 threads and <= 0.1 s per evaluation on 2 cores (issue 42).
 * H6: one causal evaluation on the circle at n = 1e6, beta = 64, V = K (q = k = v = x), on
   all threads: the fused circle path (complex moments M_0..M_{K+1}, `kernels._circle`)
@@ -117,15 +117,18 @@ def threads(n: int, repeats: int, rows: list) -> None:
         else:
             os.environ["ATTNFLOW_THREADS"] = before
     stats = pstats.Stats(profile).stats
-    part = {name: sum(v[2] for key, v in stats.items() if key[2] == name)
-            for name in ("forward", "block_totals")}
+    # the numba loops by name: the general path's (block totals, forward rows) and the
+    # fused circle path's (`_circle.rows`: both of its passes), which V = K takes
+    names = {"block_totals": "block totals", "forward": "rows", "rows": "fused rows"}
+    part = {label: sum(v[2] for key, v in stats.items() if key[2] == name)
+            for name, label in names.items()}
     total = sum(v[2] for v in stats.values())
     one, two = min(times[1]), min(times[2])
+    loops = ", ".join(f"{label} {t:.2f} s" for label, t in part.items() if t > 0)
     rows.append(("H5", "causal, d=2, beta=64, one evaluation, 1 vs 2 threads", f"n={n}",
                  f"{one:.3f} s / {two:.3f} s", f"{one / two:.2f}x (target >= 1.7x; "
                  f"<= 0.1 s on 2 cores)",
-                 f"1 thread, profiled: block totals {part['block_totals']:.2f} s, rows "
-                 f"{part['forward']:.2f} s, rest (numpy, serial) "
+                 f"1 thread, profiled: {loops}, rest (numpy, serial) "
                  f"{total - sum(part.values()):.2f} s of {total:.2f} s"))
 
 

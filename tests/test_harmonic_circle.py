@@ -111,3 +111,15 @@ def test_values_other_than_the_keys_take_the_general_path(fused_calls):
     got = harmonic.attend(x, x, v, 16.0, "causal")
     assert not fused_calls
     assert np.abs(got - dense.attend(x, x, v, 16.0, "causal")).max() <= 1e-12
+
+
+def test_the_model_with_v_equal_to_k_takes_the_fused_path(fused_calls):
+    """af.Attention on the circle (Q = K = V = I) hands the kernel v is k: the field by the
+    harmonic backend runs the fused path and equals the dense backend's."""
+    import attnflow as af
+
+    x = uniform(700, 2, seed=6)
+    fields = [af.Attention(beta=64.0, mask="causal", backend=b).field(x)
+              for b in ("harmonic", "dense")]
+    assert fused_calls
+    assert np.abs(fields[0] - fields[1]).max() <= 1e-13
