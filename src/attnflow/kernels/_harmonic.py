@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 
 __all__ = ["apply_total", "backward", "beyond_bound", "block_totals", "degrees", "direct_rows",
-           "feature_count", "forward", "norm_range", "recurrence"]
+           "feature_count", "forward", "norm_range", "ratios", "recurrence"]
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -327,3 +327,11 @@ def beyond_bound(Z: np.ndarray, count: np.ndarray, T: float, tol: float) -> np.n
     if not _any_beyond(Z, count, float(T), float(tol)):
         return None
     return _beyond(Z, count, float(T), float(tol))
+
+
+@njit(**_JIT)
+def ratios(N: np.ndarray, Z: np.ndarray, out: np.ndarray) -> None:
+    """out (m, f) = N (m, f) / Z (m,) row by row (softmax's normalisation)."""
+    for i in range(N.shape[0]):
+        for c in range(N.shape[1]):
+            out[i, c] = N[i, c] / Z[i]

@@ -236,6 +236,11 @@ def attend(
         return np.full(shape, np.nan, dtype)
     mask, bias, normalization, a, b = check(q, k, mask, bias, normalization, beta)
     N, Z, shift = sums(q, k, v, beta, mask, memory, bias, tol, (a, b))
+    if normalization == "softmax" and dtype in (np.float32, np.float64):
+        out = np.empty(N.shape, dtype)  # N / Z in one pass over the strided views
+        f = N.shape[-1]
+        _harmonic.ratios(N.reshape(-1, f), Z.reshape(-1), out.reshape(-1, f))
+        return out
     if normalization == "softmax":
         out = N / Z[..., None]
     else:
