@@ -8,14 +8,20 @@ Rows (each a ratio measured in this process; absolute seconds drift on a shared 
 * H4: RK4, dt = 0.05, to t = 10 at n = 1e6 on the circle (beta = 64, causal, backend
   "harmonic"): target within 15 minutes, with the peak memory (RSS) of the process.
 * H5: one causal evaluation on the circle at n = 1e6, beta = 64, on 1 thread and on 2
-  (ATTNFLOW_THREADS), with the time of its parts on 1 thread: the block totals (the first
-  pass of the blocked prefix scan), the rows from the blocks' starting moments (the second),
-  and the rest (numpy, serial):
+  (ATTNFLOW_THREADS), with the time of its parts on 1 thread: the numba loops (the fused
+  circle path's rows, which V = K takes since H6; before, the general path's block totals
+  and rows) and the rest (numpy, serial):
   targets >= 1.7x on 2 threads and <= 0.1 s per evaluation on 2 cores (issue 42).
+* H6: one causal evaluation on the circle at n = 1e6, beta = 64, V = K (q = k = v = x), on
+  all threads: the fused circle path (complex moments M_0..M_{K+1}, `kernels._circle`)
+  against the general path (real features times (v, 1), `kernels._harmonic`, forced in the
+  same process) and against the floor of any kernel that reads the tokens and writes its
+  output once (numpy x * 1.0 into a preallocated array), alternating; target <= 0.1 s on 2
+  cores (issue 42), with the error of sampled rows against long-double sums.
 Every harmonic row states its order K and its agreement with the baseline (or, without one,
 with direct long-double sums over sampled rows). `--quick` runs small sizes in seconds.
 
-    python benchmarks/harmonic.py [--quick] [--only H1,H2,H3,H4] [--results FILE]
+    python benchmarks/harmonic.py [--quick] [--only H1,H2,H3,H4,H5,H6] [--results FILE]
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import attnflow as af  # noqa: E402
 from attnflow.kernels import blocked, harmonic  # noqa: E402
 from attnflow.parallel import n_threads  # noqa: E402
 
-WORKLOADS = ("H1", "H2", "H3", "H4", "H5")
+WORKLOADS = ("H1", "H2", "H3", "H4", "H5", "H6")
 
 
 def best_of(fn, repeats: int) -> float:
@@ -111,16 +117,51 @@ def threads(n: int, repeats: int, rows: list) -> None:
         else:
             os.environ["ATTNFLOW_THREADS"] = before
     stats = pstats.Stats(profile).stats
-    part = {name: sum(v[2] for key, v in stats.items() if key[2] == name)
-            for name in ("forward", "block_totals")}
+    # the numba loops by name: the general path's (block totals, forward rows) and the
+    # fused circle path's (`_circle.rows`: both of its passes), which V = K takes
+    names = {"block_totals": "block totals", "forward": "rows", "rows": "fused rows"}
+    part = {label: sum(v[2] for key, v in stats.items() if key[2] == name)
+            for name, label in names.items()}
     total = sum(v[2] for v in stats.values())
     one, two = min(times[1]), min(times[2])
+    loops = ", ".join(f"{label} {t:.2f} s" for label, t in part.items() if t > 0)
     rows.append(("H5", "causal, d=2, beta=64, one evaluation, 1 vs 2 threads", f"n={n}",
                  f"{one:.3f} s / {two:.3f} s", f"{one / two:.2f}x (target >= 1.7x; "
                  f"<= 0.1 s on 2 cores)",
-                 f"1 thread, profiled: block totals {part['block_totals']:.2f} s, rows "
-                 f"{part['forward']:.2f} s, rest (numpy, serial) "
+                 f"1 thread, profiled: {loops}, rest (numpy, serial) "
                  f"{total - sum(part.values()):.2f} s of {total:.2f} s"))
+
+
+def fused_path(n: int, repeats: int, rows: list) -> None:
+    """H6: the fused circle path against the general path and the copy floor, alternating."""
+    x = af.sphere.uniform(n, 2, seed=0)
+    fused = harmonic._circle_affine
+
+    def general(*args):
+        return None
+
+    out = np.empty_like(x)
+    harmonic.attend(x[:9000], x[:9000], x[:9000], 64.0, "causal")  # compiled, cached
+    times: dict[str, list[float]] = {"fused": [], "general": [], "floor": []}
+    try:
+        for _ in range(repeats):
+            for name in ("fused", "general"):
+                harmonic._circle_affine = fused if name == "fused" else general
+                times[name].append(best_of(lambda: harmonic.attend(x, x, x, 64.0, "causal"), 1))
+            times["floor"].append(best_of(lambda: np.multiply(x, 1.0, out=out), 1))
+    finally:
+        harmonic._circle_affine = fused
+    got = harmonic.attend(x, x, x, 64.0, "causal")
+    sample = np.array([n - 1, n // 2, n // 2 - 1, n // 3])
+    err = np.abs(got[sample] - exact_rows(x, 64.0, sample)).max()
+    new, old, floor = (min(times[k]) for k in ("fused", "general", "floor"))
+    rows.append(("H6", "causal, d=2, beta=64, V=K, one evaluation: fused circle path vs "
+                 "general path vs copy floor", f"n={n}",
+                 f"{new:.3f} s / {old:.3f} s / {floor:.4f} s",
+                 f"{old / new:.2f}x over the general path, {new / floor:.0f}x the floor "
+                 f"(target <= 0.1 s on 2 cores)",
+                 f"medians {np.median(times['fused']):.3f} / {np.median(times['general']):.3f}"
+                 f" s; max error of 4 rows against long-double sums {err:.1e}"))
 
 
 def rk4(n: int, t_end: float, rows: list) -> None:
@@ -175,6 +216,8 @@ def main(argv: list[str] | None = None) -> str:
         rk4(2000 if quick else 1_000_000, 0.2 if quick else 10.0, rows)
     if "H5" in only:
         threads(20_000 if quick else 1_000_000, 1 if quick else 3, rows)
+    if "H6" in only:
+        fused_path(20_000 if quick else 1_000_000, 1 if quick else 5, rows)
     command = "python benchmarks/harmonic.py" + (" " + " ".join(argv or sys.argv[1:])
                                                  if (argv or sys.argv[1:]) else "")
     text = markdown(rows, command.strip(), time.perf_counter() - start)

@@ -81,7 +81,9 @@ def test_harmonic_quick():
     for row in ("| H1 | causal, d=2, beta=64, one evaluation | n=4000 |",
                 "| H2 | causal, d=2, beta=64, one evaluation | n=20000 |",
                 "| H3 | causal, d=3, beta=9, one evaluation | n=4000 |",
-                "| H4 | RK4 dt=0.05 to t=0.2, d=2, beta=64, causal | n=2000 |"):
+                "| H4 | RK4 dt=0.05 to t=0.2, d=2, beta=64, causal | n=2000 |",
+                "| H6 | causal, d=2, beta=64, V=K, one evaluation: fused circle path vs general "
+                "path vs copy floor | n=20000 |"):
         assert row in text
     assert "vector ISA " in text
     with pytest.raises(SystemExit):

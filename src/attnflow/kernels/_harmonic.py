@@ -25,8 +25,8 @@ from functools import lru_cache
 import numpy as np
 from numba import njit
 
-__all__ = ["apply_total", "backward", "block_totals", "degrees", "direct_rows", "feature_count",
-           "forward", "recurrence"]
+__all__ = ["apply_total", "backward", "beyond_bound", "block_totals", "degrees", "direct_rows",
+           "feature_count", "forward", "norm_range", "ratios", "recurrence"]
 
 _JIT = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -285,3 +285,53 @@ def direct_rows(q: np.ndarray, k: np.ndarray, vv: np.ndarray, beta: float, slope
             for c in range(F):
                 acc[r, i, c] += w * mv[m, c]
         shift[r, i] = top
+
+
+@njit(**_JIT)
+def norm_range(x: np.ndarray) -> tuple[float, float]:
+    """(min, max) of the Euclidean norms of the rows of x (m, d)."""
+    low = np.inf
+    top = -np.inf
+    for i in range(x.shape[0]):
+        acc = 0.0
+        for c in range(x.shape[1]):
+            acc += float(x[i, c]) * float(x[i, c])
+        h = math.sqrt(acc)
+        low = min(low, h)
+        top = max(top, h)
+    return low, top
+
+
+@njit(**_JIT)
+def _beyond(Z: np.ndarray, count: np.ndarray, T: float, tol: float) -> np.ndarray:
+    bad = np.zeros(Z.shape, dtype=np.bool_)
+    for r in range(Z.shape[0]):
+        for i in range(Z.shape[1]):
+            bad[r, i] = not (count[i] * T <= tol * Z[r, i])  # NaN-safe: NaN Z fails
+    return bad
+
+
+@njit(**_JIT)
+def _any_beyond(Z: np.ndarray, count: np.ndarray, T: float, tol: float) -> bool:
+    for r in range(Z.shape[0]):
+        for i in range(Z.shape[1]):
+            if not (count[i] * T <= tol * Z[r, i]):
+                return True
+    return False
+
+
+def beyond_bound(Z: np.ndarray, count: np.ndarray, T: float, tol: float) -> np.ndarray | None:
+    """The rows (R, n) whose error bound count_i T exceeds tol Z (a non-positive or NaN Z
+    fails), or None where there are none (one pass, no temporaries)."""
+    count = np.ascontiguousarray(count, dtype=float)
+    if not _any_beyond(Z, count, float(T), float(tol)):
+        return None
+    return _beyond(Z, count, float(T), float(tol))
+
+
+@njit(**_JIT)
+def ratios(N: np.ndarray, Z: np.ndarray, out: np.ndarray) -> None:
+    """out (m, f) = N (m, f) / Z (m,) row by row (softmax's normalisation)."""
+    for i in range(N.shape[0]):
+        for c in range(N.shape[1]):
+            out[i, c] = N[i, c] / Z[i]

@@ -8,7 +8,10 @@ harmonics on S^2 (degree L, also called K below) (docs/science.md, "Harmonic ker
 Every sum over the keys a row sees becomes a combination of the keys' harmonic moments over
 that set: prefix sums for the causal mask, prefix sums over the last w keys for a window,
 one total for the full mask; a score bias -slope |i - j| (ALiBi, `options.LinearBias`)
-becomes a decay e^{-slope} per step of those sums. V factors out.
+becomes a decay e^{-slope} per step of those sums. V factors out. On the circle, where the
+values are the keys (V = K, e.g. Q = K = V = I), causal or full without a bias, a fused path
+(`attnflow.kernels._circle`) keeps K + 2 complex moments of the key directions instead of
+the (f + 1)(2K + 1) real moments of (v, 1) (docs/science.md, "Harmonic kernels").
 
 Accuracy, proven and checked per row. Weights are computed as exp(score - |B|) (scaled
 Bessel functions, scipy.special.ive), so nothing overflows at any B. The expansion's tail is
@@ -43,7 +46,7 @@ import numpy as np
 from scipy.special import ive
 
 from attnflow._checks import describe, fail
-from attnflow.kernels import _harmonic
+from attnflow.kernels import _circle, _harmonic
 from attnflow.kernels.masks import MaskSpec, check_mask
 from attnflow.kernels.options import LinearBias, check_normalization
 from attnflow.kernels.types import Memory, Normalization
@@ -62,6 +65,7 @@ MAX_B = 1e6  # the largest score scale |beta a b| taken (module docstring)
 # it are checked against their own bound (module docstring).
 ETA = 2.0 ** -10
 BLOCK = 4096  # rows of one share of the threads (its moments start from the block totals)
+CHUNKS = 2  # the fused circle path's causal chunks per run (`_circle_scan`)
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,7 @@ def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any
                        f"harmonic kernel (Q, K mapping to R^2 or R^3; q has {q.shape[-1]})",
                        describe(x))
     a = _common_norm("q", q)
-    b = _common_norm("k", k)
+    b = a if k is q else _common_norm("k", k)
     if beta is not None:
         check_scale(float(beta) * a * b)
     return mask, bias, normalization, a, b
@@ -184,8 +188,13 @@ def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any
 def _common_norm(name: str, x: np.ndarray) -> float:
     """The norm every row of x shares (Q or K a multiple of an orthogonal matrix on tokens
     of the sphere), read from its first row; refused when they differ beyond round-off."""
-    norms = np.sqrt(np.einsum("...i,...i->...", x, x, dtype=float)).reshape(-1)
-    top, low = float(norms.max()), float(norms.min())
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.dtype in (np.float32, np.float64) and flat.shape[0]:
+        low, top = _harmonic.norm_range(np.ascontiguousarray(flat))  # one pass, no temporaries
+        norms = np.sqrt(np.einsum("i,i->", flat[0], flat[0], dtype=float))[None]
+    else:
+        norms = np.sqrt(np.einsum("...i,...i->...", flat, flat, dtype=float))
+        top, low = float(norms.max()), float(norms.min())
     slack = 64 * np.finfo(x.dtype if np.issubdtype(x.dtype, np.floating) else float).eps
     if top - low > slack * max(top, 1.0):
         which = "Q" if name == "q" else "K"
@@ -221,12 +230,17 @@ def attend(
         if x.ndim < 2 or x.shape[-2] != n:
             raise fail(name, f"{n} rows, one per query", describe(x))
     dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
-    if not (np.isfinite(q).all() and np.isfinite(k).all() and np.isfinite(v).all()):
+    if not all(np.isfinite(x).all() for x in {id(x): x for x in (q, k, v)}.values()):
         # NaN out, as the other kernels give, so that an integrator reports the state
         shape = (*np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), n, v.shape[-1])
         return np.full(shape, np.nan, dtype)
     mask, bias, normalization, a, b = check(q, k, mask, bias, normalization, beta)
     N, Z, shift = sums(q, k, v, beta, mask, memory, bias, tol, (a, b))
+    if normalization == "softmax" and dtype in (np.float32, np.float64):
+        out = np.empty(N.shape, dtype)  # N / Z in one pass over the strided views
+        f = N.shape[-1]
+        _harmonic.ratios(N.reshape(-1, f), Z.reshape(-1), out.reshape(-1, f))
+        return out
     if normalization == "softmax":
         out = N / Z[..., None]
     else:
@@ -270,31 +284,56 @@ def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpe
     d = q.shape[-1]
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     n, f = q.shape[-2], v.shape[-1]
-    qf = np.broadcast_to(q, (*lead, n, d)).astype(float).reshape(-1, n, d)
-    kf = qf if k is q else np.broadcast_to(k, (*lead, n, d)).astype(float).reshape(-1, n, d)
-    u = _directions(qf, a)
-    w = u if kf is qf else _directions(kf, b)
-    vv = np.concatenate([np.broadcast_to(v, (*lead, n, f)).astype(float),
-                         np.ones((*lead, n, 1))], axis=-1).reshape(-1, n, f + 1)
+    qf = _runs(q, lead)
+    kf = qf if k is q else _runs(k, lead)
     K = order(B, d, tol)
-    degree = _harmonic.degrees(d, K)
-    lam = coefficients(B, d)[degree] * (np.where(degree > 0, 2.0, 1.0) if d == 2 else 1.0)
     slope = 0.0 if bias is None else bias.slope
     gamma = math.exp(-slope)  # 0.0 from slope 745 on: each row's own key only
-    acc = np.zeros_like(vv)
-    _scan(u, w, vv, lam, K, u is w, mask, gamma, acc)
+    acc = np.zeros((qf.shape[0], n, f + 1))
+    affine = (_circle_affine(k, v, b) if d == 2 and mask in ("causal", "full")
+              and gamma == 1.0 else None)
+    vv = None
+    if affine is not None:
+        _circle_scan(qf, kf, _circle_coefficients(coefficients(B, d)[: K + 1]), kf is qf,
+                     mask == "causal", affine, acc)
+    else:
+        u = _directions(qf, a)
+        w = u if kf is qf else _directions(kf, b)
+        vv = _values(v, lead, n, f)
+        degree = _harmonic.degrees(d, K)
+        lam = coefficients(B, d)[degree] * (np.where(degree > 0, 2.0, 1.0) if d == 2 else 1.0)
+        _scan(u, w, vv, lam, K, u is w, mask, gamma, acc)
     s = abs(B)
     if memory is not None:
-        acc += _memory_sums(qf, memory, float(beta), s, f)
+        acc += _memory_sums(qf.astype(float, copy=False), memory, float(beta), s, f)
     count = _counts(n, mask, gamma)
     T = float(tail(B, d)[K])
     Z = acc[..., f]
-    bad = ~(count * T <= tol * Z)  # NaN-safe: a non-positive or NaN Z fails
+    bad = _harmonic.beyond_bound(Z, count, T, tol)  # count T > tol Z, NaN-safe
     shift = np.full(acc.shape[:-1], s)
-    if np.any(bad):
-        _direct_rows(acc, shift, bad, qf, kf, vv, float(beta), mask, slope, memory)
+    if bad is not None:
+        _direct_rows(acc, shift, bad, qf.astype(float, copy=False),
+                     kf.astype(float, copy=False),
+                     _values(v, lead, n, f) if vv is None else vv, float(beta), mask, slope,
+                     memory)
     acc = acc.reshape(*lead, n, f + 1)
     return acc[..., :f], acc[..., f], shift.reshape(*lead, n)
+
+
+def _runs(x: np.ndarray, lead: tuple) -> np.ndarray:
+    """x (..., n, e) broadcast to the runs `lead` as (R, n, e) in a float dtype (a view
+    where it can be)."""
+    if x.dtype not in (np.float32, np.float64):
+        x = x.astype(float)
+    if x.shape[:-2] != lead:
+        x = np.broadcast_to(x, (*lead, *x.shape[-2:]))
+    return np.ascontiguousarray(x).reshape(-1, *x.shape[-2:])
+
+
+def _values(v: np.ndarray, lead: tuple, n: int, f: int) -> np.ndarray:
+    """(R, n, f + 1): the values as float64 with a column of ones."""
+    return np.concatenate([np.broadcast_to(v, (*lead, n, f)).astype(float),
+                           np.ones((*lead, n, 1))], axis=-1).reshape(-1, n, f + 1)
 
 
 def _directions(x: np.ndarray, norm: float) -> np.ndarray:
@@ -354,6 +393,95 @@ def _scan(u: np.ndarray, w: np.ndarray, vv: np.ndarray, lam: np.ndarray, K: int,
     parallel_ranges(run, len(units), cost)
 
 
+# A key's norm may differ from the common norm b by this many units of its precision for the
+# fused circle path to take v = k as b times the key directions (its error, relative).
+AFFINE_SLACK = 16
+
+
+def _circle_affine(k: np.ndarray, v: np.ndarray, b: float) -> np.ndarray | None:
+    """(3, f): the rows a_0, A of v_j = a_0 + A^T w_j (w_j = k_j / |k_j|), where the values
+    are the keys themselves (then A = b I) to within AFFINE_SLACK units of k's precision;
+    None otherwise (the general path)."""
+    if not (v is k or (v.shape == k.shape and v.dtype == k.dtype and np.array_equal(v, k))):
+        return None
+    low, top = _harmonic.norm_range(np.ascontiguousarray(k).reshape(-1, 2))
+    if top - low > AFFINE_SLACK * np.finfo(k.dtype if k.dtype.kind == "f" else float).eps * top:
+        return None
+    return np.array([[0.0, 0.0], [b, 0.0], [0.0, b]])
+
+
+def _circle_coefficients(c: np.ndarray) -> np.ndarray:
+    """(3, K + 2) the fused circle path's weights of a_m, a_m, b_m (`_circle`) from the
+    expansion's c_0..c_K: Z's (c_0, 2 c_1, .., 2 c_K, 0) and those of N conj(q),
+    c_{m-1} + c_{m+1} and c_{m-1} - c_{m+1} (c_{-1} = c_1; 0 beyond K; b_0 = 0)."""
+    K = c.size - 1
+    ext = np.zeros(K + 3)  # c_{m-1} at m + 0: c_{-1}, c_0, .., c_K, 0
+    ext[1:K + 2] = c
+    ext[0] = c[1] if K >= 1 else 0.0
+    above = np.zeros(K + 2)  # c_{m+1}
+    above[: K] = c[1:]
+    below = ext[: K + 2]
+    out = np.empty((3, K + 2))
+    out[0, : K + 1] = c * np.where(np.arange(K + 1) > 0, 2.0, 1.0)
+    out[0, K + 1] = 0.0
+    out[1] = below + above
+    out[2] = below - above
+    out[1, 0] = ext[0]  # m = 0: only k = -1
+    out[2, 0] = 0.0
+    return out
+
+
+def _circle_scan(q: np.ndarray, k: np.ndarray, lam: np.ndarray, same: bool, causal: bool,
+                 affine: np.ndarray, acc: np.ndarray) -> None:
+    """acc (R, n, f + 1) += each row's sums by the fused circle path (`_circle`), keys
+    j <= i (causal) or all. Causal: each run in CHUNKS chunks, each chunk's rows from zero
+    moments on the threads (which leaves each chunk's total), then the rows of every chunk
+    but the first read the total of the chunks before it. Full: the totals of blocks of
+    BLOCK keys, then every row reads their sum."""
+    R, n, _ = q.shape
+    top = lam.shape[1]  # moments of orders 0 .. K + 1
+    cost = float(R) * n * top * 16
+    if causal:
+        chunks = max(1, min(CHUNKS, -(-n // BLOCK)))
+        cuts = [n * c // chunks for c in range(chunks + 1)]
+        totals = np.zeros((R, chunks, 2, top))
+
+        def first(start: int, stop: int) -> None:
+            for unit in range(start, stop):
+                r, c = divmod(unit, chunks)
+                _circle.rows(q, k, lam, same, True, r, cuts[c], cuts[c + 1], totals[r, c],
+                             affine, acc)
+
+        parallel_ranges(first, R * chunks, cost)
+        if chunks == 1:
+            return
+        starts = np.cumsum(totals, axis=1)[:, :-1]  # before chunk 1, 2, ..
+        lo, hi = cuts[1], n
+    else:
+        blocks = -(-n // BLOCK)
+        parts = np.zeros((R, blocks, 2, top))
+
+        def moments(start: int, stop: int) -> None:
+            for unit in range(start, stop):
+                r, j = divmod(unit, blocks)
+                _circle.block_moments(k, r, j * BLOCK, min(n, (j + 1) * BLOCK), parts[r, j])
+
+        parallel_ranges(moments, R * blocks, cost / 2)
+        starts = parts.sum(axis=1)[:, None]
+        cuts, lo, hi = [0, n], 0, n
+    # shares of the rows that read a start, each within one chunk
+    bounds = sorted(set(range(lo, hi, BLOCK)) | set(cuts[1:]))
+    units = [(r, a, z) for r in range(R) for a, z in zip(bounds[:-1], bounds[1:])]
+
+    def second(start: int, stop: int) -> None:
+        for r, a, z in units[start:stop]:
+            c = next(c for c in range(len(cuts) - 1) if cuts[c + 1] > a)
+            _circle.rows(q, k, lam, same, False, r, a, z, starts[r, c - 1 if causal else 0],
+                         affine, acc)
+
+    parallel_ranges(second, len(units), cost * (hi - lo) / n)
+
+
 def _totals(w: np.ndarray, vv: np.ndarray, K: int, rec: np.ndarray, units: list,
             gamma: float, reverse: bool, cost: float) -> np.ndarray:
     """(R, blocks, F, H): each block's moments, decayed to its last (first, reverse) key."""
@@ -377,6 +505,10 @@ def _whole(w: np.ndarray, vv: np.ndarray, K: int, rec: np.ndarray, H: int) -> np
 
 def _counts(n: int, mask: MaskSpec, gamma: float) -> np.ndarray:
     """(n,) each row's decayed number of keys: sum over the keys it sees of gamma^|i - j|."""
+    if gamma == 1.0 and mask == "causal":  # one pass each, for n = 1e6 per field evaluation
+        return np.arange(1.0, n + 1.0)
+    if gamma == 1.0 and mask == "full":
+        return np.full(n, float(n))
     i = np.arange(n, dtype=float)
     before = np.minimum(i + 1, mask[1]) if isinstance(mask, tuple) else i + 1  # j <= i
     after = n - 1 - i if mask == "full" else np.zeros(n)  # j > i
