@@ -1,0 +1,192 @@
+"""Why the particles' right end of the lostmiddle profile turns early (docs/science.md §11.1):
+the numbers behind the section, rerunnable.
+
+    PYTHONPATH=$PWD/src python3 scripts/diagnostics/earlyturn.py [RUNS.npz ...]
+
+1. The finite-n linear theory (`attnflow.analysis.token_memory`: the label equation on n
+   discrete tokens, with attnflow's self-inclusive normaliser and with the source's strict
+   one) against the closed form on the recipe's full-size cells: the crossing of the
+   recipe's statistic and the deficit of the first and of the last source cell. (Seconds.)
+2. For each file of particle runs written by earlyturn_runs.py (the recipe's own cell
+   moments): the recipe's crossing and its jackknife error; the right-end slopes against
+   the closed form's in standard errors; the slopes' jackknife correlation across the four
+   times; Fieller's 95 % interval for the crossing alpha / gamma (the ratio's exact interval
+   for Gaussian (alpha, gamma), where the jackknife's linearisation fails); the z of
+   alpha - T gamma at T = the closed form's crossing (a linear statistic); the crossing's
+   distribution when the closed form's slopes carry Gaussian noise of the measured
+   covariance; the fitted level of the profile against the closed form and against the
+   finite-n linear theory.
+3. The committed full-size run (docs/results/full/lostmiddle), reread with the correlation
+   of the slopes measured in 2 for the same setting (the se's are the run's own).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from attnflow.analysis.family import dispersion_rate
+from attnflow.analysis.kinetic import SOFT_MODES, recency_time, soft_weights, token_memory
+from attnflow.experiments import lostmiddle as lm
+from attnflow.experiments._cells import CellMoments
+
+PARAMS = {**lm.FULL}
+EDGES = lm._edges(PARAMS)
+SETTINGS = [(1.0, 1.0), (1.0, 3.0), (2.0, 1.0)]
+FULL = Path(__file__).resolve().parents[2] / "docs/results/full/lostmiddle/result.json"
+
+
+def times_of(beta: float, lam: float) -> np.ndarray:
+    return np.array([f * recency_time(beta, lam) for f in PARAMS["factors"]])
+
+
+def linear_cells(n: int, beta: float, lam: float, self_key: bool = True) -> np.ndarray:
+    """The finite-n linear theory's soft accuracy on the recipe's cells (T, S - 1)."""
+    r = dispersion_rate(np.arange(1, SOFT_MODES + 1), beta, attention="unnormalised")
+    t = times_of(beta, lam)
+    tau = (t[:, None] * r[None]).ravel()
+    mem = token_memory(n, EDGES, tau, lam, self_key=self_key).reshape(len(t), len(r), -1)
+    return np.einsum("k,tkb->tb", soft_weights(), mem)
+
+
+def fit(times: np.ndarray, slope: np.ndarray, se: np.ndarray) -> np.ndarray:
+    """(alpha, gamma) of the recipe's weighted fit slope(t) = t (alpha - gamma t)."""
+    X = np.stack([times, -times**2], axis=1) / se[:, None]
+    return np.linalg.lstsq(X, slope / se, rcond=None)[0]
+
+
+def fieller(ag: np.ndarray, cov: np.ndarray, z: float = 1.96) -> str:
+    """Fieller's interval for alpha / gamma: the T with (alpha - T gamma)^2 <= z^2
+    Var(alpha - T gamma)."""
+    (a, g), ((vaa, vag), (_, vgg)) = ag, cov
+    A, B, C = g * g - z * z * vgg, -2 * (a * g - z * z * vag), a * a - z * z * vaa
+    disc = B * B - 4 * A * C
+    if A > 0 and disc >= 0:
+        lo, hi = sorted([(-B - np.sqrt(disc)) / (2 * A), (-B + np.sqrt(disc)) / (2 * A)])
+        return f"[{lo:.3f}, {hi:.3f}]"
+    return "unbounded (gamma not distinguished from 0)"
+
+
+def part_linear() -> None:
+    print("1. finite-n linear theory (token_memory) on the recipe's cells, last time 1.25 t_crit")
+    for beta, lam in SETTINGS:
+        t = times_of(beta, lam)
+        closed = lm._closed_cells(list(t), beta, lam, EDGES)
+        cross = lm._crossing(t, lm._slopes(closed, EDGES, PARAMS), np.ones(len(t)))
+        print(f"  ({beta:g}, {lam:g}): closed form on the cells crosses at {cross:.4f}")
+        for n in (2500, 10_000, 40_000):
+            for self_key in (True, False):
+                d = linear_cells(n, beta, lam, self_key)
+                x = lm._crossing(t, lm._slopes(d, EDGES, PARAMS), np.ones(len(t)))
+                print(f"    n {n:6d}, {'self-inclusive' if self_key else 'strict        '}: "
+                      f"crossing {x:.4f}, first cell / closed {d[-1, 0] / closed[-1, 0]:.4f}, "
+                      f"last source cell / closed {d[-1, -1] / closed[-1, -1]:.5f}")
+
+
+def jack(m: CellMoments, groups: int):
+    """The recipe's estimates and their leave-one-group-out replicates: soft (T, S-1) and
+    slopes (T,), replicates (G, T, S-1) and (G, T)."""
+    R = m.A.shape[0]
+    soft = lm._soft(m)
+    parts = np.array_split(np.arange(R), groups)
+    soft_j = np.stack([lm._soft(m.take(np.setdiff1d(np.arange(R), g))) for g in parts])
+    slope = lm._slopes(soft, EDGES, PARAMS)
+    slope_j = np.stack([lm._slopes(s, EDGES, PARAMS) for s in soft_j])
+    return soft, slope, soft_j, slope_j
+
+
+def jcov(x: np.ndarray) -> np.ndarray:
+    G = x.shape[0]
+    d = x - x.mean(axis=0)
+    return (G - 1) / G * np.einsum("gi,gj->ij", d.reshape(G, -1), d.reshape(G, -1))
+
+
+def crossing_report(t, slope, slope_se, cov_slope, closed_slope, rng) -> None:
+    X = np.stack([t, -t**2], axis=1) / slope_se[:, None]
+    L = np.linalg.pinv(X) / slope_se[None, :]  # (alpha, gamma) = L @ slope
+    ag, cov = L @ slope, L @ cov_slope @ L.T
+    T = lm._crossing(t, closed_slope, np.ones(len(t)))
+    w = np.array([1.0, -T])
+    zlin = (w @ ag) / np.sqrt(w @ cov @ w)
+    print(f"    Fieller 95 % interval for the crossing {fieller(ag, cov)}; "
+          f"alpha - T gamma at T = {T:.3f} (closed form's cells): {zlin:+.2f} se")
+    draws = rng.multivariate_normal(closed_slope, cov_slope, size=20_000)
+    cross = (L @ draws.T)
+    cross = cross[0] / cross[1]
+    q = np.quantile(cross, [0.025, 0.16, 0.5, 0.84, 0.975])
+    print(f"    closed-form slopes + Gaussian noise of this covariance: crossing quantiles "
+          f"2.5/16/50/84/97.5 % = {', '.join(f'{v:.3f}' for v in q)}; "
+          f"P(crossing <= 0.5 T) = {np.mean(cross <= 0.5 * T):.3f}")
+
+
+def part_runs(files: list[str], corr_of: dict) -> None:
+    rng = np.random.default_rng(7)
+    print("2. particle runs (the recipe's cells, times and estimators)")
+    for f in files:
+        z = np.load(f)
+        m = CellMoments(z["A"], z["B"], z["sizes"])
+        beta, lam, n = float(z["beta"]), float(z["slope"]), int(z["n"])
+        t = times_of(beta, lam)
+        closed = lm._closed_cells(list(t), beta, lam, EDGES)
+        closed_slope = lm._slopes(closed, EDGES, PARAMS)
+        soft, slope, soft_j, slope_j = jack(m, PARAMS["groups"])
+        se_soft = np.sqrt(np.diag(jcov(soft_j))).reshape(soft.shape)
+        cov_slope = jcov(slope_j)
+        se = np.sqrt(np.diag(cov_slope))
+        corr = cov_slope / np.outer(se, se)
+        corr_of[(beta, lam)] = corr
+        t_hat = lm._crossing(t, slope, se)
+        t_j = np.array([lm._crossing(t, s, se) for s in slope_j])
+        G = len(t_j)
+        t_se = np.sqrt((G - 1) / G * np.sum((t_j - t_j.mean()) ** 2))
+        print(f"  {Path(f).name}: ({beta:g}, {lam:g}), n {n}, {m.A.shape[0]} runs, seed "
+              f"{int(z['seed'])}, {float(z['cpu']):.0f} s CPU")
+        print(f"    crossing {t_hat:.3f} +- {t_se:.3f} (jackknife) against the cells' "
+              f"{lm._crossing(t, closed_slope, np.ones(len(t))):.3f}, t_crit "
+              f"{recency_time(beta, lam):.3f}")
+        print("    right-end slopes (particles - closed) / se at 0.5..1.25 t_crit: "
+              + ", ".join(f"{(a - c) / s:+.2f}" for a, c, s in zip(slope, closed_slope, se))
+              + f"; se {', '.join(f'{s:.2f}' for s in se)}; closed "
+              + ", ".join(f"{c:.2f}" for c in closed_slope))
+        print("    correlation of the slopes across the times:\n      "
+              + "\n      ".join(" ".join(f"{c:+.2f}" for c in row) for row in corr))
+        crossing_report(t, slope, se, cov_slope, closed_slope, rng)
+        lin = linear_cells(n, beta, lam)
+        for name, ref in (("closed form", closed), ("finite-n linear theory", lin)):
+            w = 1 / se_soft**2
+            r = np.sum(w * soft * ref) / np.sum(w * ref**2)
+            r_j = [np.sum(w * s * ref) / np.sum(w * ref**2) for s in soft_j]
+            r_se = np.sqrt((G - 1) / G * np.sum((np.array(r_j) - np.mean(r_j)) ** 2))
+            print(f"    level: particles / {name} {r:.4f} +- {r_se:.4f}; first cell at 1.25 "
+                  f"t_crit {soft[-1, 0] / ref[-1, 0]:.3f} +- {se_soft[-1, 0] / ref[-1, 0]:.3f}, "
+                  f"last source cell {soft[-1, -1] / ref[-1, -1]:.3f} +- "
+                  f"{se_soft[-1, -1] / ref[-1, -1]:.3f}")
+
+
+def part_full(corr_of: dict) -> None:
+    if not FULL.exists() or not corr_of:
+        return
+    rng = np.random.default_rng(8)
+    print("3. the committed full-size run (n = 1e4, 1024 runs) with the slopes' correlation "
+          "from 2")
+    for r in json.loads(FULL.read_text())["numbers"]["settings"]:
+        key = (r["beta"], r["slope"])
+        if key not in corr_of:
+            continue
+        se = np.asarray(r["right_slope_se"])
+        cov = corr_of[key] * np.outer(se, se)
+        t = np.asarray(r["times"])
+        print(f"  ({key[0]:g}, {key[1]:g}): crossing {r['t_hat']:.3f} +- {r['t_hat_se']:.3f} "
+              "(jackknife, as committed)")
+        crossing_report(t, np.asarray(r["right_slope"]), se, cov,
+                        np.asarray(r["right_slope_closed"]), rng)
+
+
+if __name__ == "__main__":
+    part_linear()
+    corr: dict = {}
+    part_runs(sys.argv[1:], corr)
+    part_full(corr)
