@@ -27,9 +27,17 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from scipy.signal import lfilter
+from scipy.special import gammaln
 
 from attnflow.analysis.family import dispersion_rate
-from attnflow.analysis.kinetic import SOFT_MODES, recency_time, soft_weights, token_memory
+from attnflow.analysis.kinetic import (
+    SOFT_MODES,
+    hardy_label,
+    recency_time,
+    soft_weights,
+    token_memory,
+)
 from attnflow.experiments import lostmiddle as lm
 from attnflow.experiments._cells import CellMoments
 
@@ -50,6 +58,65 @@ def linear_cells(n: int, beta: float, lam: float, self_key: bool = True) -> np.n
     tau = (t[:, None] * r[None]).ravel()
     mem = token_memory(n, EDGES, tau, lam, self_key=self_key).reshape(len(t), len(r), -1)
     return np.einsum("k,tkb->tb", soft_weights(), mem)
+
+
+def _series() -> np.ndarray:
+    """g_N = N! sum_{a+b=N} 1 / (a! (a+1)! b! (b+1)!), N < 120: int_0^inf psi_tau(y)^2 e^-y dy
+    = sum_N g_N tau^{N+2} (psi_tau(y) = sum_a tau^{a+1} y^a / (a! (a+1)!))."""
+    g = np.zeros(120)
+    for N in range(120):
+        a = np.arange(N + 1)
+        g[N] = np.exp(gammaln(N + 1) - gammaln(a + 1) - gammaln(a + 2) - gammaln(N - a + 1)
+                      - gammaln(N - a + 2)).sum()
+    return g
+
+
+SERIES = _series()
+POWERS = np.arange(120)
+
+
+def spreading(n: int, beta: float, lam: float, t: float, u: np.ndarray) -> np.ndarray:
+    """V(u, t) (len(u),): the variance of the linear displacement of the token at label u."""
+    m = np.arange(1, SOFT_MODES + 1)
+    tau = dispersion_rate(m, beta, attention="unnormalised")[:, None] * t
+    j0 = np.sum(SERIES * tau ** (POWERS + 2), axis=1)
+    j1 = np.sum(SERIES / 2.0 ** (POWERS + 1) * tau ** (POWERS + 2), axis=1)
+    sig = hardy_label(u, lam)
+    return 2 * (np.sum(j0 / m**2) + lam * sig * np.sum(j1 / m**2)) / (n * sig)
+
+
+def spread_cells(n: int, beta: float, lam: float, step: float = 0.02,
+                 cap: float = 50.0) -> np.ndarray:
+    """The closure's soft accuracy on the recipe's cells (T, S - 1) (module docstring)."""
+    a, labels = np.exp(-lam / n), np.arange(1, n + 1)
+    P = (1 - a**labels) / (1 - a)  # attnflow's self-inclusive normaliser
+    u = labels / n
+    cell = np.searchsorted(EDGES, u * (1 - 1e-12)) - 1
+    S = len(EDGES) - 1
+    k = np.arange(1, SOFT_MODES + 1)[:, None]
+    r = dispersion_rate(k[:, 0], beta, attention="unnormalised")[:, None]
+
+    def log_damping(s: float) -> np.ndarray:  # (modes, n)
+        return -np.minimum(k**2 / 2 * spreading(n, beta, lam, s, u)[None], cap)
+
+    def rhs(s: float, x: np.ndarray) -> np.ndarray:  # d/ds of the adjoint, -r D W^T D^-1 x
+        ld = log_damping(s)
+        back = lfilter([0.0, a], [1.0, -a], (x * np.exp(-ld) / P)[:, ::-1], axis=-1)
+        return -r * np.exp(ld) * back[:, ::-1]
+
+    out = []
+    for T in times_of(beta, lam):
+        m = max(1, int(np.ceil(T / step)))
+        h = T / m
+        x = np.exp(log_damping(T)) * ((cell == S - 1) / np.sum(cell == S - 1))[None]
+        for i in range(m):
+            s = T - i * h
+            k1 = rhs(s, x)
+            k2 = rhs(s - h / 2, x - h / 2 * k1)
+            k3 = rhs(s - h / 2, x - h / 2 * k2)
+            x = x - h / 6 * (k1 + 2 * k2 + 2 * k3 + rhs(s - h, x - h * k3))
+        out.append([n * x[:, cell == b].mean(axis=1) for b in range(S - 1)])
+    return np.einsum("k,tbk->tb", soft_weights(), np.array(out))
 
 
 def fit(times: np.ndarray, slope: np.ndarray, se: np.ndarray) -> np.ndarray:
@@ -84,6 +151,16 @@ def part_linear() -> None:
                 print(f"    n {n:6d}, {'self-inclusive' if self_key else 'strict        '}: "
                       f"crossing {x:.4f}, first cell / closed {d[-1, 0] / closed[-1, 0]:.4f}, "
                       f"last source cell / closed {d[-1, -1] / closed[-1, -1]:.5f}")
+    beta, lam = 2.0, 1.0
+    t = times_of(beta, lam)
+    closed = lm._closed_cells(list(t), beta, lam, EDGES)
+    print(f"  the tokens' spreading (second-order closure), ({beta:g}, {lam:g}):")
+    for n in (2500, 10_000, 40_000):
+        d = spread_cells(n, beta, lam)
+        x = lm._crossing(t, lm._slopes(d, EDGES, PARAMS), np.ones(len(t)))
+        print(f"    n {n:6d}: crossing {x:.4f}; first cell / closed at the four times "
+              + ", ".join(f"{v:.3f}" for v in d[:, 0] / closed[:, 0])
+              + f"; last source cell at 1.25 t_crit {d[-1, -1] / closed[-1, -1]:.3f}")
 
 
 def jack(m: CellMoments, groups: int):
