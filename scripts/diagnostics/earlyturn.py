@@ -1,7 +1,9 @@
 """Why the particles' right end of the lostmiddle profile turns early (docs/science.md §11.1):
 the numbers behind the section, rerunnable.
 
-    PYTHONPATH=$PWD/src python3 scripts/diagnostics/earlyturn.py [RUNS.npz ...]
+    PYTHONPATH=$PWD/src python3 scripts/diagnostics/earlyturn.py [RUNS.npz[+MORE.npz] ...]
+
+(a+b: the runs of several files of the same setting and n pooled.)
 
 1. The finite-n linear theory (`attnflow.analysis.token_memory`: the label equation on n
    discrete tokens, with attnflow's self-inclusive normaliser and with the source's strict
@@ -203,8 +205,11 @@ def part_runs(files: list[str], corr_of: dict) -> None:
     rng = np.random.default_rng(7)
     print("2. particle runs (the recipe's cells, times and estimators)")
     for f in files:
-        z = np.load(f)
-        m = CellMoments(z["A"], z["B"], z["sizes"])
+        parts = [np.load(g) for g in f.split("+")]  # a+b+c: the runs of several files pooled
+        z = {**parts[0], "seed": np.array([int(p["seed"]) for p in parts]),
+             "cpu": sum(float(p["cpu"]) for p in parts)}
+        m = CellMoments(np.concatenate([p["A"] for p in parts]),
+                        np.concatenate([p["B"] for p in parts]), z["sizes"])
         beta, lam, n = float(z["beta"]), float(z["slope"]), int(z["n"])
         t = times_of(beta, lam)
         closed = lm._closed_cells(list(t), beta, lam, EDGES)
@@ -219,8 +224,8 @@ def part_runs(files: list[str], corr_of: dict) -> None:
         t_j = np.array([lm._crossing(t, s, se) for s in slope_j])
         G = len(t_j)
         t_se = np.sqrt((G - 1) / G * np.sum((t_j - t_j.mean()) ** 2))
-        print(f"  {Path(f).name}: ({beta:g}, {lam:g}), n {n}, {m.A.shape[0]} runs, seed "
-              f"{int(z['seed'])}, {float(z['cpu']):.0f} s CPU")
+        print(f"  {Path(f).name}: ({beta:g}, {lam:g}), n {n}, {m.A.shape[0]} runs, seeds "
+              f"{z['seed'].tolist()}, {z['cpu']:.0f} s CPU")
         print(f"    crossing {t_hat:.3f} +- {t_se:.3f} (jackknife) against the cells' "
               f"{lm._crossing(t, closed_slope, np.ones(len(t))):.3f}, t_crit "
               f"{recency_time(beta, lam):.3f}")
