@@ -183,7 +183,7 @@ def jcov(x: np.ndarray) -> np.ndarray:
     return (G - 1) / G * np.einsum("gi,gj->ij", d.reshape(G, -1), d.reshape(G, -1))
 
 
-def crossing_report(t, slope, slope_se, cov_slope, closed_slope, rng) -> None:
+def crossing_report(t, slope, slope_se, cov_slope, closed_slope) -> None:
     X = np.stack([t, -t**2], axis=1) / slope_se[:, None]
     L = np.linalg.pinv(X) / slope_se[None, :]  # (alpha, gamma) = L @ slope
     ag, cov = L @ slope, L @ cov_slope @ L.T
@@ -192,7 +192,7 @@ def crossing_report(t, slope, slope_se, cov_slope, closed_slope, rng) -> None:
     zlin = (w @ ag) / np.sqrt(w @ cov @ w)
     print(f"    Fieller 95 % interval for the crossing {fieller(ag, cov)}; "
           f"alpha - T gamma at T = {T:.3f} (closed form's cells): {zlin:+.2f} se")
-    draws = rng.multivariate_normal(closed_slope, cov_slope, size=20_000)
+    draws = np.random.default_rng(7).multivariate_normal(closed_slope, cov_slope, size=20_000)
     cross = (L @ draws.T)
     cross = cross[0] / cross[1]
     q = np.quantile(cross, [0.025, 0.16, 0.5, 0.84, 0.975])
@@ -202,7 +202,6 @@ def crossing_report(t, slope, slope_se, cov_slope, closed_slope, rng) -> None:
 
 
 def part_runs(files: list[str], corr_of: dict) -> None:
-    rng = np.random.default_rng(7)
     print("2. particle runs (the recipe's cells, times and estimators)")
     for f in files:
         parts = [np.load(g) for g in f.split("+")]  # a+b+c: the runs of several files pooled
@@ -235,7 +234,7 @@ def part_runs(files: list[str], corr_of: dict) -> None:
               + ", ".join(f"{c:.2f}" for c in closed_slope))
         print("    correlation of the slopes across the times:\n      "
               + "\n      ".join(" ".join(f"{c:+.2f}" for c in row) for row in corr))
-        crossing_report(t, slope, se, cov_slope, closed_slope, rng)
+        crossing_report(t, slope, se, cov_slope, closed_slope)
         lin = linear_cells(n, beta, lam)
         for name, ref in (("closed form", closed), ("finite-n linear theory", lin)):
             w = 1 / se_soft**2
@@ -251,7 +250,6 @@ def part_runs(files: list[str], corr_of: dict) -> None:
 def part_full(corr_of: dict) -> None:
     if not FULL.exists() or not corr_of:
         return
-    rng = np.random.default_rng(8)
     print("3. the committed full-size run (n = 1e4, 1024 runs) with the slopes' correlation "
           "from 2")
     for r in json.loads(FULL.read_text())["numbers"]["settings"]:
@@ -264,7 +262,7 @@ def part_full(corr_of: dict) -> None:
         print(f"  ({key[0]:g}, {key[1]:g}): crossing {r['t_hat']:.3f} +- {r['t_hat_se']:.3f} "
               "(jackknife, as committed)")
         crossing_report(t, np.asarray(r["right_slope"]), se, cov,
-                        np.asarray(r["right_slope_closed"]), rng)
+                        np.asarray(r["right_slope_closed"]))
 
 
 if __name__ == "__main__":
