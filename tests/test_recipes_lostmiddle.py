@@ -21,6 +21,7 @@ from attnflow.analysis import (
     hardy_label,
     recency_time,
     soft_accuracy,
+    token_memory,
 )
 from attnflow.cli import app
 from attnflow.experiments import SUITE_OF
@@ -74,6 +75,31 @@ def test_alibi_memory_solves_the_linearised_label_equation(beta, lam, t):
                     method="DOP853", rtol=1e-10, atol=1e-14)
     numeric = M * sol.y[:, -1].reshape(M, 3)[-1]
     assert np.allclose(numeric, alibi_memory((j + 1) / M, t, beta, lam), rtol=4e-3)
+
+
+@pytest.mark.parametrize("lam", [0.0, 1.3])
+@pytest.mark.parametrize("self_key", [True, False])
+def test_token_memory_is_the_n_token_linear_equation_and_tends_to_cell_memory(lam, self_key):
+    # truth: the n x n matrix W (rows: the earlier tokens' ALiBi weights over the row's
+    # normaliser, with or without the token itself) exponentiated by scipy; and the n -> inf
+    # limit, the closed form cell_memory
+    from scipy.linalg import expm
+
+    n, edges, tau = 60, np.array([0.0, 0.3, 0.7, 0.9, 1.0]), np.array([1.9, 0.7])
+    W = np.zeros((n, n))
+    for i in range(1, n):
+        keys = np.arange(i + 1 if self_key else i)
+        W[i, :i] = np.exp(-lam * (i - np.arange(i)) / n) / np.exp(-lam * (i - keys) / n).sum()
+    cell = np.searchsorted(edges, np.arange(1, n + 1) / n * (1 - 1e-12)) - 1
+    exact = [[n * expm(t * W)[np.ix_(cell == 3, cell == b)].mean() for b in range(3)]
+             for t in tau]
+    assert np.allclose(token_memory(n, edges, tau, lam, self_key=self_key), exact, rtol=1e-8)
+    edges = np.array([0.0, 0.5, 0.9, 0.95, 1.0])
+    closed = np.array([cell_memory((edges[b], edges[b + 1]), (0.95, 1.0), 1.5, slope=lam)
+                       for b in range(3)])
+    err = [np.abs(token_memory(n, edges, 1.5, lam, self_key=self_key)[0] / closed - 1).max()
+           for n in (2000, 20_000)]
+    assert err[1] < min(err[0] / 2, 1e-2), err
 
 
 def test_soft_accuracy_and_recency_time_follow_the_source_formulas():

@@ -27,7 +27,8 @@
 * kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
   growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients; with ALiBi (§11.1): the Hardy label, the
-  retrieval profile, the soft accuracy and the critical time of recency.
+  retrieval profile, the soft accuracy and the critical time of recency; the same linear
+  equation on n discrete tokens (the finite-n linear theory).
 * influence: the influence of each token on the last one, |d theta_n(t) / d theta_j(0)|,
   linearised (docs/science.md §11.7): its mean and rms over starts, its recency time t_I.
 * modes: clusters as the modes of a kernel density at the length scale beta^{-1/2}, counted
@@ -110,6 +111,7 @@ from attnflow.analysis.kinetic import (
     recency_time,
     soft_accuracy,
     soft_weights,
+    token_memory,
 )
 from attnflow.analysis.modes import (
     DensityModes,
@@ -263,6 +265,7 @@ __all__ = [
     "recency_time",
     "soft_accuracy",
     "soft_weights",
+    "token_memory",
     "StationaryBranch",
     "TransitionStrengths",
     "funk_hecke",

@@ -28,7 +28,9 @@ Softmax attention, Q = K = V = I, d = 2, no noise unless said.
   the soft accuracy sums it over k with the weights e^{-pi^2 k^2 / (2 M^2)}
   (`soft_accuracy`), and the last token's profile stops rising at its right end s -> 1 at
   t_crit = 2 (1 - e^{-slope}) sum_k w_k r_k / sum_k w_k r_k^2 (`recency_time`). `cell_memory`
-  takes the slope too.
+  takes the slope too. `token_memory` is the same linear equation on n discrete tokens
+  (attnflow's causal mask puts a token's own position weight into its normaliser): the
+  finite-n linear theory, O(log(n) / n) from the limit (docs/science.md §11.1).
 * Quantiles of a density given by its Fourier coefficients (`inverse_cdf`).
 """
 
@@ -38,6 +40,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+from scipy.signal import lfilter
 from scipy.special import gammaincc, ive
 
 from attnflow._checks import fail
@@ -45,7 +48,8 @@ from attnflow.analysis._density import cdf_table, hermite, one_density
 from attnflow.analysis.family import dispersion_rate
 
 __all__ = ["alibi_memory", "causal_memory", "cell_memory", "growth_rate", "hardy_kernel",
-           "hardy_label", "inverse_cdf", "recency_time", "soft_accuracy", "soft_weights"]
+           "hardy_label", "inverse_cdf", "recency_time", "soft_accuracy", "soft_weights",
+           "token_memory"]
 
 SOFT_WIDTH = 8.0  # M of the soft accuracy's weights e^{-pi^2 k^2 / (2 M^2)} (arXiv 2605.09213)
 SOFT_MODES = 20  # the modes k = 1..SOFT_MODES it sums (the source's truncation)
@@ -131,6 +135,52 @@ def hardy_label(s: Any, slope: float) -> np.ndarray:
     if not (np.isfinite(slope) and slope >= 0) or np.any(s < 0):
         raise fail("slope, s", "a finite slope >= 0 and labels s >= 0", f"{slope}, {s}")
     return np.expm1(slope * s) / slope if slope > 0 else s
+
+
+def token_memory(n: int, edges: Any, tau: Any, slope: float, self_key: bool = True,
+                 step: float = 0.01) -> np.ndarray:
+    """The linear label equation on n discrete tokens: c_l' = r_k sum_{m < l} p_lm c_m,
+    p_lm = e^{-slope (l - m) / n} / P_l, P_l = sum over the keys m <= l (`self_key`, attnflow's
+    causal mask: the token's own weight enters P_l though its velocity term sin 0 vanishes)
+    or m < l (the source's strict mask), c_l(0) = n delta_lj; in the rescaled time tau = r_k t.
+    Returns (len(tau), S - 1): c averaged over the tokens i of the last cell and j of each
+    earlier cell of the label `edges` (S + 1,) (token l has the label l / n): the finite-n
+    linear theory of what `cell_memory` gives as n -> infinity (docs/science.md §11.1).
+
+    The row average over the last cell is carried back by the transposed equation v' = W^T v
+    (W^T is a decayed reverse cumulative sum, O(n) by `scipy.signal.lfilter`), RK4 of step
+    `step` in tau (W is nilpotent; the error is O(step^4))."""
+    edges = np.asarray(edges, dtype=float)
+    tau = np.atleast_1d(np.asarray(tau, dtype=float))
+    if n < 2 or edges[0] != 0 or edges[-1] != 1 or np.any(np.diff(edges) <= 0):
+        raise fail("n, edges", "n >= 2 and increasing edges from 0 to 1", f"{n}, {edges}")
+    if np.any(tau < 0) or not (np.isfinite(slope) and slope >= 0) or not step > 0:
+        raise fail("tau, slope, step", "tau >= 0, slope >= 0, step > 0",
+                   f"{tau}, {slope}, {step}")
+    a = np.exp(-slope / n)
+    labels = np.arange(1, n + 1)
+    keys = labels if self_key else labels - 1  # sum_{m <= l} or sum_{m < l} of a^{l - m}
+    P = np.where(keys > 0, (a ** (labels - keys) - a ** labels) / (1 - a) if a < 1 else keys,
+                 np.inf)
+    cell = np.searchsorted(edges, labels / n * (1 - 1e-12)) - 1
+    cells = len(edges) - 1
+
+    def back(v: np.ndarray) -> np.ndarray:  # (W^T v)_m = sum_{l > m} a^{l - m} v_l / P_l
+        return lfilter([0.0, a], [1.0, -a], (v / P)[::-1])[::-1]
+
+    v = (cell == cells - 1) / np.sum(cell == cells - 1)
+    out, now = np.zeros((len(tau), cells - 1)), 0.0
+    for i in np.argsort(tau):
+        m = max(1, int(np.ceil((tau[i] - now) / step)))
+        h = (tau[i] - now) / m
+        for _ in range(m):
+            k1 = back(v)
+            k2 = back(v + h / 2 * k1)
+            k3 = back(v + h / 2 * k2)
+            v = v + h / 6 * (k1 + 2 * k2 + 2 * k3 + back(v + h * k3))
+        now = tau[i]
+        out[i] = n * np.bincount(cell, v, cells)[:-1] / np.bincount(cell, None, cells)[:-1]
+    return out
 
 
 def alibi_memory(s: Any, t: float, beta: float, slope: float, k: int = 1, u: float = 1.0
