@@ -131,9 +131,11 @@ def test_docs_cite_every_paper_a_recipe_checks():
         assert ref in citing and REFERENCES[ref].title in citing, ref
 
 
-def test_a_short_verdict_shows_the_ledgers_measured_cause():
-    """Beside "partly" and "not reproduced" the claims table gives the cause written in
-    claims.toml (read here with tomllib); a reproduced claim and an id outside the ledger none."""
+def test_a_short_verdict_shows_the_ledgers_measured_cause(report, tmp_path):
+    """Beside "partly" and "not reproduced" the claims table and the HTML report give the cause
+    written in claims.toml (read here with tomllib); a reproduced claim and an id outside the
+    ledger none."""
+    import html as html_lib
     import tomllib
 
     from attnflow.report import claims_table
@@ -151,3 +153,9 @@ def test_a_short_verdict_shows_the_ledgers_measured_cause():
         f"not reproduced: measured x = 0; cause: {cause}",
         f"partly: measured x = 0; cause: {cause}",
         "reproduced: measured x = 0", "partly: measured x = 0"]
+    first = report[0][0]  # no figures: they live in the fixture's folder
+    results = [{**first, "figures": [],
+                "claims": [{**first["claims"][1], "id": "lostmiddle.recency"}]}]
+    page = write_report(results, tmp_path)[1].read_text(encoding="utf-8")
+    assert f"<span class='why cause'>cause: {html_lib.escape(cause)}</span>" in page
+    assert page.count("class='why cause'") == 1
