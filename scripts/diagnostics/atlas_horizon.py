@@ -4,7 +4,8 @@ Rebuilds the atlas recipe's initial tokens, eigenbases and Q, K from its seed (t
 SeedSequence spawning as attnflow.experiments.atlas.run), integrates one setting (row,
 eigenbasis, kind of Q, K) at a chosen beta to `--t-end` by `--method`, and prints at each
 of `--at` times: the observed configurations (classify_configuration, the recipe's tol), the
-cluster counts, the largest distance of a token to L and the fastest token's speed.
+cluster counts, the largest distance of a token to L, the fastest token's speed, and for
+the runs left in two clusters the angle between the clusters' centroids.
 
     PYTHONPATH=src python3 scripts/diagnostics/atlas_horizon.py --row first-token \
         --beta 9 --t-end 1e5 --at 5e3 2e4 1e5 --seeds 20 --seed 0
@@ -17,11 +18,11 @@ from collections import Counter
 
 import numpy as np
 
-from attnflow.analysis import classify_configuration, predict_configuration
+from attnflow.analysis import classify_configuration, clusters, predict_configuration
 from attnflow.experiments.atlas import SPECTRA, _bases, _value_matrix
 from attnflow.family import Attention
 from attnflow.simulate import simulate
-from attnflow.sphere import uniform
+from attnflow.sphere import geodesic_distance, uniform
 
 
 def main() -> None:
@@ -70,6 +71,10 @@ def main() -> None:
               f"{dict(sorted(Counter(o.n_clusters for o in obs).items()))}; max distance to L "
               f"median {np.median([o.max_dist_L for o in obs]):.3f}; speed median "
               f"{np.median(speed):.1e} max {max(speed):.1e}")
+        pairs = [clusters(traj.states[i, r], a.tol).centroids for r in range(a.seeds)]
+        angles = [float(geodesic_distance(c[0], c[1])) for c in pairs if len(c) == 2]
+        if angles:
+            print(f"    two clusters apart by (rad): {np.round(sorted(angles), 3).tolist()}")
 
 
 if __name__ == "__main__":
