@@ -7,6 +7,7 @@ import ast
 import itertools
 import json
 import operator
+import re
 import tomllib
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from attnflow.experiments import RECIPES
 from attnflow.experiments._ledger import KINDS, OPS, claim, entries, entry
-from attnflow.experiments._recipe import NOT_REPRODUCED, PARTLY, REPRODUCED
+from attnflow.experiments._recipe import NOT_REPRODUCED, NOT_RUN, PARTLY, REPRODUCED
 from attnflow.results_page import results_page
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,3 +175,57 @@ def test_committed_results_are_small_and_hold_no_trajectories():
     for path in RESULTS.glob("*/*/*"):
         assert path.name == "result.json", path  # no figures, no stores
         assert path.stat().st_size < 400_000, path
+
+
+#: How a cause names the run that measured it (claims.toml's header): the committed result of a
+#: size, a diagnostic script's path (it must exist), or diagnostic runs described in the text.
+RUN = re.compile(r"\b(full|quick) result\b|\bdiagnostic runs?\b"
+                 r"|\b(scripts/diagnostics|benchmarks)/[\w./-]+\.py\b")
+SCRIPT = re.compile(r"\b(?:scripts/diagnostics|benchmarks)/[\w./-]+\.py\b")
+
+
+def _cause_problem(cause: str) -> str:
+    """What a cause lacks of the ledger's convention ("" when it has it all)."""
+    if not cause.strip():
+        return "no cause"
+    if not re.search(r"\d", cause):
+        return "no number in the cause"
+    if not RUN.search(cause):
+        return ("the cause names no run (expected 'full result', 'quick result', 'diagnostic "
+                "run(s)' or a script under scripts/diagnostics/ or benchmarks/)")
+    absent = [p for p in SCRIPT.findall(cause) if not (ROOT / p).is_file()]
+    return f"the cause names scripts that do not exist: {absent}" if absent else ""
+
+
+def test_every_verdict_short_of_reproduced_has_a_measured_cause():
+    """Every claim with a committed "partly" or "not reproduced" (docs/results/quick and full)
+    has a cause in its ledger entry: a number and the run that produced it."""
+    lacking = set()
+    for size in ("quick", "full"):
+        for r in _committed(size):
+            for c in r["claims"]:
+                if c["verdict"] in (PARTLY, NOT_REPRODUCED):
+                    problem = _cause_problem(entry(c["id"]).cause)
+                    if problem:
+                        lacking.add(f"{c['id']} ({size}: {c['verdict']}): {problem}")
+    assert not lacking, (f"{len(lacking)} claims short of reproduced without a measured cause "
+                         "in claims.toml:\n" + "\n".join(sorted(lacking)))
+
+
+def test_cause_convention_rejects_guesses():
+    assert _cause_problem("") == "no cause"
+    assert _cause_problem("the hold was too short") == "no number in the cause"
+    assert "names no run" in _cause_problem("r fell by 0.17, probably the hold")
+    assert _cause_problem("r fell to 0.168 in the quick result (hold 15)") == ""
+    assert _cause_problem("z = 2.1 at n = 1e4 (diagnostic runs, seed 0)") == ""
+    assert "do not exist" in _cause_problem("z = 2 (scripts/diagnostics/no_such_script.py)")
+
+
+def test_every_claim_not_run_at_quick_size_says_what_quick_cannot_show():
+    """A claim "not run" in the committed default run says so in its ledger's quick field, in
+    one line: "not run at the quick size (" and what the quick size cannot show."""
+    bad = [f"{c['id']}: {entry(c['id']).quick!r}" for r in _committed("quick")
+           for c in r["claims"] if c["verdict"] == NOT_RUN
+           and not (entry(c["id"]).quick.startswith("not run at the quick size (")
+                    and "\n" not in entry(c["id"]).quick)]
+    assert not bad, "\n".join(bad)

@@ -129,3 +129,33 @@ def test_docs_cite_every_paper_a_recipe_checks():
     citing = (ROOT / "docs" / "citing.md").read_text()
     for ref in {SEED, *(r.arxiv for name in RECIPES for r in references_of(name))}:
         assert ref in citing and REFERENCES[ref].title in citing, ref
+
+
+def test_a_short_verdict_shows_the_ledgers_measured_cause(report, tmp_path):
+    """Beside "partly" and "not reproduced" the claims table and the HTML report give the cause
+    written in claims.toml (read here with tomllib); a reproduced claim and an id outside the
+    ledger none."""
+    import html as html_lib
+    import tomllib
+
+    from attnflow.report import claims_table
+
+    ledger = tomllib.loads((ROOT / "src" / "attnflow" / "experiments" / "claims.toml")
+                           .read_text(encoding="utf-8"))
+    cause = ledger["lostmiddle"]["recency"]["cause"]
+    base = {"claim": "c", "paper": "p", "measured": "m", "criterion": "reproduced if x >= 1",
+            "why": "reproduced if x >= 1; measured x = 0"}
+    claims = [{**base, "id": "lostmiddle.recency", "verdict": v}
+              for v in ("not reproduced", "partly", "reproduced")]
+    claims.append({**base, "id": "r.unknown", "verdict": "partly"})
+    rows = claims_table([{"name": "lostmiddle", "claims": claims}])
+    assert [row[-1] for row in rows] == [
+        f"not reproduced: measured x = 0; cause: {cause}",
+        f"partly: measured x = 0; cause: {cause}",
+        "reproduced: measured x = 0", "partly: measured x = 0"]
+    first = report[0][0]  # no figures: they live in the fixture's folder
+    results = [{**first, "figures": [],
+                "claims": [{**first["claims"][1], "id": "lostmiddle.recency"}]}]
+    page = write_report(results, tmp_path)[1].read_text(encoding="utf-8")
+    assert f"<span class='why cause'>cause: {html_lib.escape(cause)}</span>" in page
+    assert page.count("class='why cause'") == 1

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from attnflow._files import write_text
-from attnflow.experiments import references_of
+from attnflow.experiments import cause_of, references_of
 from attnflow.references import REFERENCES, SEED
 
 __all__ = ["write_report", "claims_table", "summary", "VERDICTS", "caption"]
@@ -38,10 +38,18 @@ _MIME = {".png": "image/png", ".gif": "image/gif", ".jpg": "image/jpeg", ".svg":
 def claims_table(results: list[dict[str, Any]]) -> list[list[str]]:
     """Rows (recipe, claim, paper, measured, criterion, verdict and why) over all results;
     the criterion is the ledger's (claims.toml), and the "why" after the verdict gives the
-    measured numbers (results written before the ledger have no criterion: "-")."""
+    measured numbers (results written before the ledger have no criterion: "-"), then, for a
+    verdict short of "reproduced", the ledger's measured cause ("cause: ...")."""
     return [[res["name"], c["claim"], c["paper"], c["measured"], c.get("criterion") or "-",
-             c["verdict"] + (f": {_reason(c)}" if _reason(c) else "")]
+             c["verdict"] + (f": {_reason(c)}" if _reason(c) else "")
+             + (f"; cause: {_cause(c)}" if _cause(c) else "")]
             for res in results for c in res["claims"]]
+
+
+def _cause(c: dict[str, Any]) -> str:
+    """The ledger's measured cause of a "partly" or "not reproduced" claim ("" otherwise)."""
+    short = c["verdict"] in ("partly", "not reproduced")
+    return cause_of(c["id"]) if short and c.get("id") else ""
 
 
 def _reason(c: dict[str, Any]) -> str:
@@ -212,6 +220,8 @@ def _html(results: list[dict[str, Any]], out: Path) -> str:
                         for i in range(len(res["figures"])))
         for c in res["claims"]:
             why = f"<span class='why'>{esc(_reason(c))}</span>" if _reason(c) else ""
+            if _cause(c):
+                why += f"<span class='why cause'>cause: {esc(_cause(c))}</span>"
             p.append(f"<tr data-verdict='{esc(c['verdict'])}' "
                      f"data-suite='{esc(res.get('suite', DEFAULT_SUITE))}'>"
                      f"<td data-label='recipe'><a href='#recipe-{_slug(name)}'>{esc(name)}</a>"

@@ -32,7 +32,8 @@ the result files under `docs/results/` (`<size>/<recipe>/result.json`, as `attnf
 writes them); a test fails when it differs from what those files give. Each claim's criterion
 is the ledger's (`src/attnflow/experiments/claims.toml`: the measured quantity, its unit, the
 thresholds and the reason for each), fixed before the numbers were measured; the verdict
-column gives the measured values the criterion was applied to. The claims are those of
+column gives the measured values the criterion was applied to and, for a verdict short of
+"reproduced", the ledger's measured cause ("cause: ..."). The claims are those of
 Karagodin, Polyanskiy, Rigollet, *Clustering in Causal Attention Masking*, NeurIPS 2024
 (arXiv:2411.04990), and, for the follow-up recipes, of the papers listed with their recipes in
 [Citing](citing.md).

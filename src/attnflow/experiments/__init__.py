@@ -6,7 +6,8 @@ per claim of the follow-up literature (§6) and of real decoders (§7), and per 
 them: "paper" (the seed paper), "followups" (the follow-up literature and a real model),
 "closedforms" (the closed forms of 2025-26, docs/science.md §11), "gradients" (what
 gradients through the torch engine make possible, issue 41); the names are listed here
-only. `references_of` gives the papers a recipe checks: its module's
+only. `cause_of` gives the ledger's measured cause of a verdict short of "reproduced";
+`references_of` gives the papers a recipe checks: its module's
 ``PAPERS`` (arXiv ids of `attnflow.references.REFERENCES`), the seed paper for the paper suite.
 The contract a recipe module fulfils is described in `attnflow.experiments._recipe`.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from attnflow.experiments._ledger import entries
 from attnflow.references import REFERENCES, SEED, Reference
 
 SUITES: dict[str, tuple[str, ...]] = {
@@ -37,6 +39,13 @@ RECIPES: dict[str, ModuleType] = {
 
 
 
+def cause_of(id: str) -> str:
+    """The measured cause the ledger gives for claim `id` falling short of "reproduced"
+    (claims.toml's ``cause``; "" for a claim without one or an id not in the ledger)."""
+    found = entries().get(id)
+    return found.cause if found else ""
+
+
 def references_of(name: str) -> list[Reference]:
     """The papers whose claims recipe `name` checks (an unknown recipe: none)."""
     default = (SEED,) if SUITE_OF.get(name) == "paper" else ()
@@ -44,4 +53,4 @@ def references_of(name: str) -> list[Reference]:
     return [REFERENCES[i] for i in ids]
 
 
-__all__ = ["NAMES", "RECIPES", "SUITES", "SUITE_OF", "references_of"]
+__all__ = ["NAMES", "RECIPES", "SUITES", "SUITE_OF", "cause_of", "references_of"]
