@@ -21,7 +21,7 @@ from attnflow._version import __version__
 _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
     "AtlasPrediction", "Clusters", "Lemma51Bound", "ObservedConfiguration", "alibi_memory",
     "hardy_label", "recency_time", "soft_accuracy", "soft_weights", "influence_recency_time",
-    "mean_influence", "rms_influence",
+    "mean_influence", "rms_influence", "token_memory",
     "RENYI_PARKING_CONSTANT", "ROWS", "RemarkB2Check", "SINK_EPS", "Theorem52Check",
     "angular_distance", "attention_to_first", "battery", "cap_mass", "causal_memory",
     "cell_memory", "classify_configuration", "cluster_count", "cluster_count_at", "cluster_counts",
