@@ -4,7 +4,8 @@ per claim of the follow-up literature (§6) and of real decoders (§7), and per 
 
 `RECIPES` maps each recipe's name to its module, in the order of the report; `SUITES` groups
 them: "paper" (the seed paper), "followups" (the follow-up literature and a real model),
-"closedforms" (the closed forms of 2025-26, docs/science.md §11); the names are listed here
+"closedforms" (the closed forms of 2025-26, docs/science.md §11), "gradients" (what
+gradients through `simulate` make possible: fitting the model, §11.8); the names are listed here
 only. `references_of` gives the papers a recipe checks: its module's
 ``PAPERS`` (arXiv ids of `attnflow.references.REFERENCES`), the seed paper for the paper suite.
 The contract a recipe module fulfils is described in `attnflow.experiments._recipe`.
@@ -25,6 +26,7 @@ SUITES: dict[str, tuple[str, ...]] = {
                   "convergence", "kuramoto"),
     "closedforms": ("lostmiddle", "alibiprofile", "tricritical", "threebody", "selectivity",
                     "gaussian", "hardmax", "funkhecke"),
+    "gradients": ("inverse",),
 }
 NAMES: tuple[str, ...] = tuple(name for names in SUITES.values() for name in names)
 SUITE_OF: dict[str, str] = {name: suite for suite, names in SUITES.items() for name in names}
