@@ -17,11 +17,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 B2 = np.array([[1.5, 0.6], [-0.4, 1.2]])  # a tiny truth on the circle (d = 2)
 V2 = np.array([[1.0, -0.7], [0.3, 0.8]])
-TIMES = np.array([0.25, 0.5, 0.75, 1.0])
+TIMES = np.array([0.5, 1.0, 1.5, 2.0])
 DT = 0.05
 
 
-def tokens(n: int = 5, d: int = 2, seed: int = 3) -> np.ndarray:
+def tokens(n: int = 8, d: int = 2, seed: int = 3) -> np.ndarray:
     return uniform((n,), d, seed=seed)
 
 
@@ -80,11 +80,13 @@ def test_split_separates_beta_under_the_frobenius_convention():
     assert np.linalg.norm(A) == pytest.approx(np.sqrt(2)) and np.allclose(beta * A, B2)
 
 
-def test_the_recipe_runs_at_a_tiny_size(tmp_path):
+def test_the_recipe_runs_at_a_tiny_size(tmp_path, monkeypatch):
     from attnflow.experiments import inverse
 
-    params = {**inverse.QUICK, "n0": 6, "m0": 4, "ns": [5, 6], "ms": [3, 4],
-              "sigmas": [1e-3, 1e-2], "noiseless_n": 6, "noiseless_m": 4}
+    monkeypatch.setattr(inverse, "DT", 0.1)  # 10 steps instead of 40: the test's time
+
+    params = {**inverse.QUICK, "n0": 8, "m0": 5, "ns": [6, 8], "ms": [4, 5],
+              "sigmas": [1e-4, 1e-3], "noiseless_n": 8, "noiseless_m": 5, "start_offset": 0.01}
     out = inverse.run(params, 0, tmp_path, lambda f: None)
     assert [c.id for c in out.claims] == ["inverse.noiseless", "inverse.sigma_slope",
                                           "inverse.n_slope", "inverse.m_slope",
@@ -98,10 +100,10 @@ def test_the_recipe_runs_at_a_tiny_size(tmp_path):
 @pytest.mark.parametrize("call, argument", [
     (lambda: observe(np.zeros((2, 3, 2)), -0.1), "sigma"),
     (lambda: fit(tokens(3), [1.0], np.zeros((1, 3, 2)), (B2, V2)), "times"),
-    (lambda: fit(tokens(), [0.5, 0.25], np.zeros((2, 5, 2)), (B2, V2)), "times"),
-    (lambda: fit(tokens(), TIMES, np.zeros((3, 5, 2)), (B2, V2)), "observed"),
-    (lambda: fit(tokens(), TIMES, np.zeros((4, 5, 2)), (B2,)), "start"),
-    (lambda: fit(tokens(), TIMES, np.zeros((4, 5, 2)), (B2, V2), metric=-np.eye(8)),
+    (lambda: fit(tokens(), [0.5, 0.25], np.zeros((2, 8, 2)), (B2, V2)), "times"),
+    (lambda: fit(tokens(), TIMES, np.zeros((3, 8, 2)), (B2, V2)), "observed"),
+    (lambda: fit(tokens(), TIMES, np.zeros((4, 8, 2)), (B2,)), "start"),
+    (lambda: fit(tokens(), TIMES, np.zeros((4, 8, 2)), (B2, V2), metric=-np.eye(8)),
      "metric"),
 ])
 def test_bad_input_gets_one_line_naming_the_argument(call, argument):

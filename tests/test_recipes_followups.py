@@ -48,7 +48,7 @@ def _run(name: str, tmp_path, **params) -> dict:
 
 
 def test_suites_partition_the_recipes():
-    assert set(SUITES) == {"paper", "followups", "closedforms"}
+    assert set(SUITES) == {"paper", "followups", "closedforms", "gradients"}
     assert sorted(n for names in SUITES.values() for n in names) == sorted(RECIPES)
     assert {"normalization", "noise", "longcontext", "energy", "meanfield"} <= set(
         SUITES["followups"])

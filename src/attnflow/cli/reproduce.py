@@ -19,7 +19,7 @@ def reproduce(
                                       "suite). `attnflow reproduce --list` shows them."),
     suite: str = typer.Option("all", help="paper (the seed paper's recipes), followups (the "
                               "follow-up literature, a real model), closedforms (the 2025-26 "
-                              "closed forms) or all."),
+                              "closed forms), gradients (fits through gradients) or all."),
     full: bool = typer.Option(False, "--full/--quick", help="The paper's sizes (slow) or the "
                               "quick default sizes (all recipes in minutes)."),
     out: Path = typer.Option(Path("reproduction"), "--out", "-o", help="Output folder."),
