@@ -28,7 +28,7 @@ SUITES: dict[str, tuple[str, ...]] = {
                   "convergence", "kuramoto"),
     "closedforms": ("lostmiddle", "alibiprofile", "tricritical", "threebody", "selectivity",
                     "gaussian", "hardmax", "funkhecke"),
-    "gradients": ("influence", "realfit"),
+    "gradients": ("influence", "inverse", "realfit"),
 }
 NAMES: tuple[str, ...] = tuple(name for names in SUITES.values() for name in names)
 SUITE_OF: dict[str, str] = {name: suite for suite, names in SUITES.items() for name in names}
