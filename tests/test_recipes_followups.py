@@ -322,3 +322,22 @@ def test_dispersion_moments_fit_and_verdicts():
     assert dispersion._solver_claim(exact, params).verdict == "reproduced"
     wrong = [{**row, "k": ks, "solver": {"softmax": ive(ks, 9.0)}}]
     assert dispersion._solver_claim(wrong, params).verdict == "not reproduced"
+
+
+def test_gradient_recipes_say_not_run_without_torch(monkeypatch, tmp_path):
+    """Without torch (an optional extra) each recipe of the gradients suite returns every
+    claim "not run" with the install line, instead of failing the reproduction."""
+    import importlib.util
+
+    from attnflow.experiments import RECIPES, SUITES
+    from attnflow.experiments._recipe import NOT_RUN
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    for name in SUITES["gradients"]:
+        recipe = RECIPES[name]
+        out = recipe.run(recipe.QUICK, 0, tmp_path, lambda f: None)
+        assert out.claims and all(c.verdict == NOT_RUN for c in out.claims), name
+        assert all("attnflow[torch]" in c.measured for c in out.claims), name
+        assert "{" not in "".join(c.claim for c in out.claims), name

@@ -14,6 +14,7 @@ outcome, so no threshold lives in recipe code.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import math
 import operator
 import tomllib
@@ -21,7 +22,14 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from attnflow.experiments._recipe import NOT_REPRODUCED, NOT_RUN, PARTLY, REPRODUCED, Claim
+from attnflow.experiments._recipe import (
+    NOT_REPRODUCED,
+    NOT_RUN,
+    PARTLY,
+    REPRODUCED,
+    Claim,
+    Output,
+)
 
 __all__ = ["Criterion", "Entry", "KINDS", "OPS", "claim", "entries", "entry", "not_run"]
 
@@ -116,6 +124,15 @@ def not_run(id: str, measured: str, **fields: Any) -> Claim:
     return Claim(claim=_fill(e.statement, fields), paper=_fill(e.paper, fields),
                  measured=measured, verdict=NOT_RUN, why="not run: " + measured, id=id,
                  criterion=e.criterion())
+
+
+def without_torch(ids: tuple[str, ...], **fields: Any) -> Output | None:
+    """None where torch is importable; else an Output with every claim of `ids` "not run",
+    naming the install line (the recipes that take gradients need torch, an optional extra)."""
+    if importlib.util.find_spec("torch") is not None:
+        return None
+    why = "torch is not installed: pip install 'attnflow[torch]' (this recipe takes gradients)"
+    return Output({}, [not_run(id, why, **fields) for id in ids], notes=[f"Not run: {why}."])
 
 
 def _fill(text: str, fields: dict[str, Any]) -> str:

@@ -33,12 +33,13 @@ from matplotlib.figure import Figure
 
 from attnflow.analysis.influence import influence_recency_time, mean_influence
 from attnflow.analysis.kinetic import SOFT_MODES, recency_time, soft_accuracy, soft_weights
-from attnflow.experiments._ledger import claim
+from attnflow.experiments._ledger import claim, without_torch
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention
 from attnflow.simulate import simulate
 
 PAPERS = ("2605.09213",)  # arXiv ids of the papers whose claims this recipe checks
+CLAIMS = ("influence.green", "influence.identity", "influence.shape")
 NAME = "influence"
 TITLE = "The influence of each token on the last one: the gradient view of lost in the middle"
 QUICK: dict[str, Any] = {"settings": [[1.0, 1.0]], "factors": [0.25, 0.5, 1.0], "n": 160,
@@ -49,6 +50,8 @@ FULL_MINUTES = 3  # measured: 91 s CPU (one torch thread), 6.3 min wall on the s
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
+    if (skipped := without_torch(CLAIMS)) is not None:
+        return skipped
     rng = np.random.default_rng(seed)
     settings = [(float(b), float(lam)) for b, lam in params["settings"]]
     results = []

@@ -31,12 +31,14 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.experiments._ledger import claim
+from attnflow.experiments._ledger import claim, without_torch
 from attnflow.experiments._recipe import Claim, Output, Progress, mean_se, save_figure
 from attnflow.fit import fisher, fit, observe, split, states
 from attnflow.sphere import uniform
 
 PAPERS = ("2411.04990",)
+CLAIMS = ("inverse.noiseless", "inverse.sigma_slope", "inverse.n_slope", "inverse.m_slope",
+          "inverse.efficiency")
 NAME = "inverse"
 TITLE = "Recovering beta Q^T K and V from a noisy trajectory: error against noise, n and m"
 QUICK: dict[str, Any] = {
@@ -70,6 +72,8 @@ def errors(B: np.ndarray, V: np.ndarray) -> dict[str, float]:
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
+    if (skipped := without_torch(CLAIMS)) is not None:
+        return skipped
     noiseless = _noiseless(params, seed)
     progress(0.1)
     sweeps = {"sigma": [], "n": [], "m": []}

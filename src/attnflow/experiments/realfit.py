@@ -31,7 +31,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attnflow.experiments._decoders import install_hint, label, load, real_stack
-from attnflow.experiments._ledger import claim, not_run
+from attnflow.experiments._ledger import claim, not_run, without_torch
 from attnflow.experiments._recipe import Z95, Claim, Output, Progress, mean_se, save_figure
 
 PAPERS = ("2411.04990",)  # the seed paper: its model is what is fitted
@@ -131,6 +131,10 @@ PROMPTS = (
 
 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
+    fields = {"model": " and ".join(params["models"]), "rank_v": params["rank_v"],
+              "rank_r": params["rank_r"]}
+    if (skipped := without_torch(CLAIMS, **fields)) is not None:
+        return skipped
     import torch
 
     from attnflow.kernels.blocked import _blas_on_one_thread
