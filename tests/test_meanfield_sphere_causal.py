@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from numpy.polynomial import legendre
 from scipy.integrate import solve_ivp
-from scipy.special import i0e, i1e, iv, sph_harm_y, spherical_in
+from scipy.special import i0e, i1e, iv, spherical_in
+from sphere_reference import density_at, quadrature
 
 import attnflow as af
 from attnflow.meanfield import from_coefficients, from_function, from_tokens, solve
@@ -25,28 +26,8 @@ FOUR_PI = 4 * np.pi
 V_GENERAL = np.array([[0.8, -0.5, 0.2], [0.3, 1.2, -0.4], [0.1, 0.6, 0.9]])
 
 
-def density_at(c: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """rho(x) for coefficients c (L + 1, L + 1), summing scipy's Y_lm over m = -l..l
-    (c_{l,-m} = (-1)^m conj(c_lm)): independent of the module's own evaluation."""
-    theta = np.arccos(np.clip(x[:, 2], -1, 1))
-    phi = np.arctan2(x[:, 1], x[:, 0])
-    out = np.zeros(len(x), dtype=complex)
-    for l in range(c.shape[0]):
-        for m in range(-l, l + 1):
-            clm = c[l, m] if m >= 0 else (-1) ** m * np.conj(c[l, -m])
-            out += clm * sph_harm_y(l, m, theta, phi)
-    return out.real
 
 
-def sphere_rule(nodes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Points (P, 3) and weights (P,): Gauss-Legendre in cos theta times the trapezoidal rule
-    in phi (exact for degree < 2 nodes - 1)."""
-    z, w = np.polynomial.legendre.leggauss(nodes)
-    phi = 2 * np.pi * np.arange(2 * nodes) / (2 * nodes)
-    s = np.sqrt(1 - z * z)
-    x = np.stack(np.broadcast_arrays(s[:, None] * np.cos(phi), s[:, None] * np.sin(phi),
-                                     z[:, None]), -1).reshape(-1, 3)
-    return x, np.repeat(w * np.pi / nodes, 2 * nodes)
 
 
 def polynomial_parts(L: int) -> np.ndarray:
@@ -81,7 +62,7 @@ def test_velocity_of_every_label_against_direct_quadrature(weighting, beta, slop
     parts = polynomial_parts(L)
     c = np.einsum("sp,plm->slm", labels.nodes[:, None] ** np.arange(3), parts)
     field = TransportField2(beta, V_GENERAL, weighting, labels, L)
-    y, wy = sphere_rule(30)
+    y, wy = quadrature(30)
     x = field.grid.points.reshape(-1, 3)
     E = np.exp(beta * x @ y.T)
     u, wu = np.polynomial.legendre.leggauss(24)
