@@ -191,7 +191,7 @@ def _shape_claim(results, params) -> Claim:
 
 
 def _figure(results) -> Figure:
-    fig = Figure(figsize=(5.2 * len(results), 4.6))
+    fig = Figure(figsize=(5.2 * len(results), 5.6))
     axes = np.atleast_1d(fig.subplots(1, len(results), squeeze=False)[0])
     fine = np.linspace(0.004, 0.996, 250)
     for ax, r in zip(axes, results):
@@ -215,7 +215,7 @@ def _figure(results) -> Figure:
         ax.legend(fontsize=7, title="influence n E|d theta_n(t) / d theta_j(0)|: predicted "
                   "(solid; thin steps: over the cells' tokens),\nmeasured (circles, 2 se); "
                   "retrieval: closed form (dotted),\ngradient estimator n E[J S] (crosses)",
-                  title_fontsize=7)
+                  title_fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     axes[0].set_ylabel("influence / soft accuracy (times n)")
     fig.tight_layout()
     return fig
