@@ -35,7 +35,7 @@ from attnflow.analysis import (
     transition_strengths,
     tricritical_beta,
 )
-from attnflow.experiments._ledger import claim, not_run
+from attnflow.experiments._ledger import claim, entry, not_run
 from attnflow.experiments._recipe import Claim, Output, Progress, mean_se, save_figure
 from attnflow.family import Attention
 from attnflow.meanfield import from_function, solve
@@ -101,10 +101,8 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
         figures += [save_figure(_sweep_figure(sweeps, 2), out, "tricritical_circle.png"),
                     save_figure(_sweep_figure(sweeps, 3), out, "tricritical_sphere.png")]
     else:
-        why = ("the sweeps run at the full size only: a hold must outlast the uniform state's "
-               "growth near K_#, at the rate (d - 1)(K / K_# - 1) sigma^2 / 2, and the solver's "
-               "CFL-bound steps at beta = 4, minutes in all")
-        claims += [not_run(f"tricritical.{c}", why, beta="-", beta_star="-")
+        claims += [not_run(f"tricritical.{c}", _quick_reason(f"tricritical.{c}"), beta="-",
+                           beta_star="-")
                    for c in ("continuous_circle", "continuous_sphere", "first_order_circle",
                              "first_order_sphere")]
     figures.append(save_figure(_phase_figure(phase, sweeps), out, "tricritical_phase.png"))
@@ -121,6 +119,13 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
 
 
 # ---------------------------------------------------------------------------- threshold
+
+def _quick_reason(id: str) -> str:
+    """Why a sweep claim is not run at the quick size: its ledger `quick` field (the measured
+    reason, without the full size's description)."""
+    text = entry(id).quick.removeprefix("not run at the quick size (").removesuffix(")")
+    return "the sweeps run at the full size only: " + text.split("; full:")[0]
+
 def _rates(params) -> list[dict[str, Any]]:
     """Mode 1's measured rate at K_# (1 -+ delta) on the circle, per beta."""
     rows = []
