@@ -383,8 +383,6 @@ class SelfAttention:
             return Memory(k=points if K is None else points @ like(K, u).T,
                           v=points if V is None else points @ like(V, u).T,
                           log_weights=like(weights, u).log())
-        if u is not None:
-            points, weights = like(points, u), like(weights, u)
         return Memory(
             k=points if K is None else points @ K.T,
             v=points if V is None else points @ V.T,
