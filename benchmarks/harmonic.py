@@ -118,8 +118,9 @@ def threads(n: int, repeats: int, rows: list) -> None:
             os.environ["ATTNFLOW_THREADS"] = before
     stats = pstats.Stats(profile).stats
     # the numba loops by name: the general path's (block totals, forward rows) and the
-    # fused circle path's (`_circle.rows`: both of its passes), which V = K takes
-    names = {"block_totals": "block totals", "forward": "rows", "rows": "fused rows"}
+    # fused circle path's (`_circle.totals`, then its rows), which V = K takes
+    names = {"block_totals": "block totals", "forward": "rows", "totals": "fused totals",
+             "rows_for": "fused rows"}
     part = {label: sum(v[2] for key, v in stats.items() if key[2] == name)
             for name, label in names.items()}
     total = sum(v[2] for v in stats.values())

@@ -37,13 +37,15 @@ def direct(x: np.ndarray, beta: float, i: int, mask: str) -> np.ndarray:
 @pytest.mark.parametrize("beta", [1.0, 16.0, 64.0, 256.0])
 @pytest.mark.parametrize("mask", ["causal", "full"])
 def test_rows_at_2e4_tokens_against_long_double_sums(beta, mask, fused_calls):
-    """n = 2e4 (two chunks, the second reading the first's total): sampled rows to 1e-13."""
+    """n = 2e4 (16 segments, each lane starting from the segments before its own): sampled
+    rows, the first and last of segments among them, to 1e-13."""
     n = 20_000
     x = uniform(n, 2, seed=11)
     got = harmonic.attend(x, x, x, beta, mask)
     assert fused_calls
     rng = np.random.default_rng(0)
-    rows = np.r_[0, 1, 77, n // 2 - 1, n // 2, n // 2 + 1, n - 2, n - 1, rng.integers(0, n, 8)]
+    rows = np.r_[0, 1, 77, 1249, 1250, n // 2 - 1, n // 2, n // 2 + 1, n - 2, n - 1,
+                 rng.integers(0, n, 8)]
     for i in rows:
         np.testing.assert_allclose(got[i], direct(x, beta, i, mask), rtol=0, atol=1e-13)
 
@@ -68,12 +70,13 @@ def test_small_and_batched_runs_against_dense(n, fused_calls):
 
 
 def test_equals_the_general_path_and_does_not_depend_on_threads(monkeypatch, fused_calls):
-    """Several chunks and blocks (CHUNKS 5, BLOCK 300): the fused path agrees with the
-    general path (real features times (v, 1), forced here) to 1e-14, and is bit for bit
-    the same on 1 and 2 threads."""
+    """Three packs of 16 segments of 62 or 63 rows (PACKS 3, PACK_ROWS 50: segments of
+    unequal length, each past MERGE steps): the fused path agrees with the general path
+    (real features times (v, 1), forced here) to 1e-14, and is bit for bit the same on 1
+    and 2 threads."""
     x = uniform(3000, 2, seed=4)
-    monkeypatch.setattr(harmonic, "CHUNKS", 5)
-    monkeypatch.setattr(harmonic, "BLOCK", 300)
+    monkeypatch.setattr(harmonic, "PACKS", 3)
+    monkeypatch.setattr(harmonic, "PACK_ROWS", 50)
     got = {}
     for threads in ("1", "2"):
         monkeypatch.setenv("ATTNFLOW_THREADS", threads)
@@ -86,6 +89,10 @@ def test_equals_the_general_path_and_does_not_depend_on_threads(monkeypatch, fus
     assert len(fused_calls) == calls  # the general path ran
     for a, b in zip(got["2"], general):
         assert np.abs(a - b).max() <= 1e-14
+    q = 1.5 * x @ np.array([[0.6, -0.8], [0.8, 0.6]]).T  # queries with their own powers
+    for mask in ("causal", "full"):
+        got = harmonic.attend(q, x, x, 40.0, mask)
+        assert np.abs(got - dense.attend(q, x, x, 40.0, mask)).max() <= 1e-13
 
 
 def test_queries_other_than_the_keys_memory_and_rows_summed_directly(fused_calls):

@@ -65,7 +65,8 @@ MAX_B = 1e6  # the largest score scale |beta a b| taken (module docstring)
 # it are checked against their own bound (module docstring).
 ETA = 2.0 ** -10
 BLOCK = 4096  # rows of one share of the threads (its moments start from the block totals)
-CHUNKS = 2  # the fused circle path's causal chunks per run (`_circle_scan`)
+PACKS = 8  # the fused circle path's packs of LANES segments per run, at most (`_circle_scan`)
+PACK_ROWS = 2048  # and rows per segment, at least, where n allows
 
 
 @dataclass(frozen=True)
@@ -411,9 +412,10 @@ def _circle_affine(k: np.ndarray, v: np.ndarray, b: float) -> np.ndarray | None:
 
 
 def _circle_coefficients(c: np.ndarray) -> np.ndarray:
-    """(3, K + 2) the fused circle path's weights of a_m, a_m, b_m (`_circle`) from the
-    expansion's c_0..c_K: Z's (c_0, 2 c_1, .., 2 c_K, 0) and those of N conj(q),
-    c_{m-1} + c_{m+1} and c_{m-1} - c_{m+1} (c_{-1} = c_1; 0 beyond K; b_0 = 0)."""
+    """(rows, 12) the fused circle path's weights (`_circle.rows`) from the expansion's
+    c_0..c_K: for each row of ORDERS orders m, those of Z's a_m (c_0, 2 c_1, .., 2 c_K, 0),
+    of Re(N conj q)'s a_m, c_{m-1} + c_{m+1}, and of its b_m, c_{m-1} - c_{m+1} (c_{-1} = c_1;
+    0 beyond K; b_0 = 0), zero past order K + 1."""
     K = c.size - 1
     ext = np.zeros(K + 3)  # c_{m-1} at m + 0: c_{-1}, c_0, .., c_K, 0
     ext[1:K + 2] = c
@@ -421,65 +423,58 @@ def _circle_coefficients(c: np.ndarray) -> np.ndarray:
     above = np.zeros(K + 2)  # c_{m+1}
     above[: K] = c[1:]
     below = ext[: K + 2]
-    out = np.empty((3, K + 2))
+    rows = -(-(K + 2) // _circle.ORDERS)
+    out = np.zeros((3, rows * _circle.ORDERS))
     out[0, : K + 1] = c * np.where(np.arange(K + 1) > 0, 2.0, 1.0)
-    out[0, K + 1] = 0.0
-    out[1] = below + above
-    out[2] = below - above
+    out[1, : K + 2] = below + above
+    out[2, : K + 2] = below - above
     out[1, 0] = ext[0]  # m = 0: only k = -1
     out[2, 0] = 0.0
-    return out
+    return np.ascontiguousarray(out.reshape(3, rows, _circle.ORDERS).transpose(1, 0, 2)
+                                .reshape(rows, 3 * _circle.ORDERS))
 
 
-def _circle_scan(q: np.ndarray, k: np.ndarray, lam: np.ndarray, same: bool, causal: bool,
+def _circle_scan(q: np.ndarray, k: np.ndarray, coef: np.ndarray, same: bool, causal: bool,
                  affine: np.ndarray, acc: np.ndarray) -> None:
     """acc (R, n, f + 1) += each row's sums by the fused circle path (`_circle`), keys
-    j <= i (causal) or all. Causal: each run in CHUNKS chunks, each chunk's rows from zero
-    moments on the threads (which leaves each chunk's total), then the rows of every chunk
-    but the first read the total of the chunks before it. Full: the totals of blocks of
-    BLOCK keys, then every row reads their sum."""
+    j <= i (causal) or all. Each run is cut into packs of LANES segments of consecutive rows
+    (their number set by n alone, so that the result does not depend on the threads); the
+    threads first sum every segment's moments (`_circle.totals`), then run the packs'
+    rows (`_circle.rows`), each lane from the moments of the segments before its own
+    (causal) or of all (full)."""
     R, n, _ = q.shape
-    top = lam.shape[1]  # moments of orders 0 .. K + 1
-    cost = float(R) * n * top * 16
-    if causal:
-        chunks = max(1, min(CHUNKS, -(-n // BLOCK)))
-        cuts = [n * c // chunks for c in range(chunks + 1)]
-        totals = np.zeros((R, chunks, 2, top))
+    lanes, orders = _circle.LANES, _circle.ORDERS
+    packs = max(1, min(PACKS, n // (lanes * PACK_ROWS)))
+    S = packs * lanes
+    cuts = (np.arange(S + 1) * n) // S
+    starts = cuts[:-1].reshape(packs, lanes).astype(np.int64)
+    lens = np.diff(cuts).reshape(packs, lanes).astype(np.int64)
+    rows = coef.shape[0]
+    cost = float(R) * n * rows * orders * 16
+    parts = np.zeros((R, packs, 2, rows * orders, lanes))
 
-        def first(start: int, stop: int) -> None:
-            for unit in range(start, stop):
-                r, c = divmod(unit, chunks)
-                _circle.rows(q, k, lam, same, True, r, cuts[c], cuts[c + 1], totals[r, c],
-                             affine, acc)
+    def sums_of_segments(start: int, stop: int) -> None:
+        for unit in range(start, stop):
+            r, p = divmod(unit, packs)
+            _circle.totals(k, r, starts[p], lens[p], rows, parts[r, p])
 
-        parallel_ranges(first, R * chunks, cost)
-        if chunks == 1:
-            return
-        starts = np.cumsum(totals, axis=1)[:, :-1]  # before chunk 1, 2, ..
-        lo, hi = cuts[1], n
+    parallel_ranges(sums_of_segments, R * packs, cost / 3)
+    by_segment = parts.transpose(0, 2, 3, 1, 4).reshape(R, 2, rows * orders, S)
+    if causal:  # the moments of the segments before each one (never of its own or later)
+        before = np.zeros_like(by_segment)
+        np.cumsum(by_segment[..., :-1], axis=-1, out=before[..., 1:])
     else:
-        blocks = -(-n // BLOCK)
-        parts = np.zeros((R, blocks, 2, top))
+        before = np.broadcast_to(by_segment.sum(axis=-1, keepdims=True), by_segment.shape)
+    S0 = np.ascontiguousarray(before.reshape(R, 2, rows * orders, packs, lanes)
+                              .transpose(0, 3, 1, 2, 4))
 
-        def moments(start: int, stop: int) -> None:
-            for unit in range(start, stop):
-                r, j = divmod(unit, blocks)
-                _circle.block_moments(k, r, j * BLOCK, min(n, (j + 1) * BLOCK), parts[r, j])
+    def run(start: int, stop: int) -> None:
+        for unit in range(start, stop):
+            r, p = divmod(unit, packs)
+            _circle.rows(q, k, coef, same, causal, r, starts[p], lens[p], S0[r, p], affine,
+                         acc)
 
-        parallel_ranges(moments, R * blocks, cost / 2)
-        starts = parts.sum(axis=1)[:, None]
-        cuts, lo, hi = [0, n], 0, n
-    # shares of the rows that read a start, each within one chunk
-    bounds = sorted(set(range(lo, hi, BLOCK)) | set(cuts[1:]))
-    units = [(r, a, z) for r in range(R) for a, z in zip(bounds[:-1], bounds[1:])]
-
-    def second(start: int, stop: int) -> None:
-        for r, a, z in units[start:stop]:
-            c = next(c for c in range(len(cuts) - 1) if cuts[c + 1] > a)
-            _circle.rows(q, k, lam, same, False, r, a, z, starts[r, c - 1 if causal else 0],
-                         affine, acc)
-
-    parallel_ranges(second, len(units), cost * (hi - lo) / n)
+    parallel_ranges(run, R * packs, cost)
 
 
 def _totals(w: np.ndarray, vv: np.ndarray, K: int, rec: np.ndarray, units: list,
