@@ -66,7 +66,7 @@ MAX_B = 1e6  # the largest score scale |beta a b| taken (module docstring)
 ETA = 2.0 ** -10
 BLOCK = 4096  # rows of one share of the threads (its moments start from the block totals)
 PACKS = 8  # the fused circle path's packs of LANES segments per run, at most (`_circle_scan`)
-PACK_ROWS = 2048  # and rows per segment, at least, where n allows
+PACK_ROWS = 256  # and rows per segment, at least, where n allows
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,7 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return a
 
 
+@lru_cache(maxsize=64)
 def tail(B: float, d: int) -> np.ndarray:
     """T (K_max + 1,): T[K] bounds |exp(B <u, w> - |B|) - its expansion to order K| for all
     unit u, w: the sum over the orders above K of |c_k| (circle: twice, for k and -k) or
@@ -132,7 +133,7 @@ def tail(B: float, d: int) -> np.ndarray:
     per_order = (2 * np.arange(c.size) + 1) * c if d == 3 else np.where(
         np.arange(c.size) > 0, 2 * c, c)
     from_order = np.cumsum(per_order[::-1])[::-1]  # sum over the orders >= K
-    return np.concatenate([from_order[1:], [0.0]])  # beyond: below 1e-300 of c_0
+    return _read_only(np.concatenate([from_order[1:], [0.0]]))  # beyond: 1e-300 of c_0
 
 
 def order(B: float, d: int, tol: float) -> int:
@@ -186,12 +187,29 @@ def check(q: np.ndarray, k: np.ndarray, mask: Any, bias: Any, normalization: Any
     return mask, bias, normalization, a, b
 
 
+def _norm_range(x: np.ndarray) -> tuple[float, float]:
+    """(min, max) of the Euclidean norms of the rows of x (m, d), on the threads."""
+    parts: list[tuple[float, float]] = []
+
+    def run(start: int, stop: int) -> None:
+        parts.append(_harmonic.norm_range(x[start:stop]))  # list.append: atomic
+
+    parallel_ranges(run, x.shape[0], float(x.size) * 4)
+    return min(p[0] for p in parts), max(p[1] for p in parts)
+
+
+def _ratios(N: np.ndarray, Z: np.ndarray, out: np.ndarray) -> None:
+    """out (m, f) = N (m, f) / Z (m,) row by row, on the threads."""
+    parallel_ranges(lambda a, z: _harmonic.ratios(N[a:z], Z[a:z], out[a:z]), Z.shape[0],
+                    float(N.size) * 8)
+
+
 def _common_norm(name: str, x: np.ndarray) -> float:
     """The norm every row of x shares (Q or K a multiple of an orthogonal matrix on tokens
     of the sphere), read from its first row; refused when they differ beyond round-off."""
     flat = x.reshape(-1, x.shape[-1])
     if flat.dtype in (np.float32, np.float64) and flat.shape[0]:
-        low, top = _harmonic.norm_range(np.ascontiguousarray(flat))  # one pass, no temporaries
+        low, top = _norm_range(np.ascontiguousarray(flat))  # one pass, no temporaries
         norms = np.sqrt(np.einsum("i,i->", flat[0], flat[0], dtype=float))[None]
     else:
         norms = np.sqrt(np.einsum("...i,...i->...", flat, flat, dtype=float))
@@ -240,7 +258,7 @@ def attend(
     if normalization == "softmax" and dtype in (np.float32, np.float64):
         out = np.empty(N.shape, dtype)  # N / Z in one pass over the strided views
         f = N.shape[-1]
-        _harmonic.ratios(N.reshape(-1, f), Z.reshape(-1), out.reshape(-1, f))
+        _ratios(N.reshape(-1, f), Z.reshape(-1), out.reshape(-1, f))
         return out
     if normalization == "softmax":
         out = N / Z[..., None]
@@ -295,7 +313,7 @@ def sums(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpe
               and gamma == 1.0 else None)
     vv = None
     if affine is not None:
-        _circle_scan(qf, kf, _circle_coefficients(coefficients(B, d)[: K + 1]), kf is qf,
+        _circle_scan(qf, kf, _circle_coefficients(B, K), kf is qf,
                      mask == "causal", affine, acc)
     else:
         u = _directions(qf, a)
@@ -405,18 +423,19 @@ def _circle_affine(k: np.ndarray, v: np.ndarray, b: float) -> np.ndarray | None:
     None otherwise (the general path)."""
     if not (v is k or (v.shape == k.shape and v.dtype == k.dtype and np.array_equal(v, k))):
         return None
-    low, top = _harmonic.norm_range(np.ascontiguousarray(k).reshape(-1, 2))
+    low, top = _norm_range(np.ascontiguousarray(k).reshape(-1, 2))
     if top - low > AFFINE_SLACK * np.finfo(k.dtype if k.dtype.kind == "f" else float).eps * top:
         return None
     return np.array([[0.0, 0.0], [b, 0.0], [0.0, b]])
 
 
-def _circle_coefficients(c: np.ndarray) -> np.ndarray:
-    """(rows, 12) the fused circle path's weights (`_circle.rows`) from the expansion's
-    c_0..c_K: for each row of ORDERS orders m, those of Z's a_m (c_0, 2 c_1, .., 2 c_K, 0),
-    of Re(N conj q)'s a_m, c_{m-1} + c_{m+1}, and of its b_m, c_{m-1} - c_{m+1} (c_{-1} = c_1;
-    0 beyond K; b_0 = 0), zero past order K + 1."""
-    K = c.size - 1
+@lru_cache(maxsize=64)
+def _circle_coefficients(B: float, K: int) -> np.ndarray:
+    """(rows, 12) the fused circle path's weights (`_circle.rows`) from the circle
+    expansion's c_0..c_K at score scale B: for each row of ORDERS orders m, those of Z's a_m
+    (c_0, 2 c_1, .., 2 c_K, 0), of Re(N conj q)'s a_m, c_{m-1} + c_{m+1}, and of its b_m,
+    c_{m-1} - c_{m+1} (c_{-1} = c_1; 0 beyond K; b_0 = 0), zero past order K + 1."""
+    c = coefficients(B, 2)[: K + 1]
     ext = np.zeros(K + 3)  # c_{m-1} at m + 0: c_{-1}, c_0, .., c_K, 0
     ext[1:K + 2] = c
     ext[0] = c[1] if K >= 1 else 0.0
@@ -430,8 +449,8 @@ def _circle_coefficients(c: np.ndarray) -> np.ndarray:
     out[2, : K + 2] = below - above
     out[1, 0] = ext[0]  # m = 0: only k = -1
     out[2, 0] = 0.0
-    return np.ascontiguousarray(out.reshape(3, rows, _circle.ORDERS).transpose(1, 0, 2)
-                                .reshape(rows, 3 * _circle.ORDERS))
+    return _read_only(np.ascontiguousarray(out.reshape(3, rows, _circle.ORDERS)
+                                           .transpose(1, 0, 2).reshape(rows, 3 * _circle.ORDERS)))
 
 
 def _circle_scan(q: np.ndarray, k: np.ndarray, coef: np.ndarray, same: bool, causal: bool,
