@@ -9,11 +9,12 @@ Rows (each a ratio measured in this process; absolute seconds drift on a shared 
   "harmonic"): target within 15 minutes, with the peak memory (RSS) of the process.
 * H5: one causal evaluation on the circle at n = 1e6, beta = 64, on 1 thread and on 2
   (ATTNFLOW_THREADS), with the time of its parts on 1 thread: the numba loops (the fused
-  circle path's rows, which V = K takes since H6; before, the general path's block totals
-  and rows) and the rest (numpy, serial):
+  circle path's segment totals and rows, which V = K takes since H6; before, the general
+  path's block totals and rows) and the rest (numpy):
   targets >= 1.7x on 2 threads and <= 0.1 s per evaluation on 2 cores (issue 42).
 * H6: one causal evaluation on the circle at n = 1e6, beta = 64, V = K (q = k = v = x), on
-  all threads: the fused circle path (complex moments M_0..M_{K+1}, `kernels._circle`)
+  all threads: the fused circle path (complex moments M_0..M_{K+1} in SIMD lanes of
+  segments, `kernels._circle`)
   against the general path (real features times (v, 1), `kernels._harmonic`, forced in the
   same process) and against the floor of any kernel that reads the tokens and writes its
   output once (numpy x * 1.0 into a preallocated array), alternating; target <= 0.1 s on 2
@@ -129,7 +130,7 @@ def threads(n: int, repeats: int, rows: list) -> None:
     rows.append(("H5", "causal, d=2, beta=64, one evaluation, 1 vs 2 threads", f"n={n}",
                  f"{one:.3f} s / {two:.3f} s", f"{one / two:.2f}x (target >= 1.7x; "
                  f"<= 0.1 s on 2 cores)",
-                 f"1 thread, profiled: {loops}, rest (numpy, serial) "
+                 f"1 thread, profiled: {loops}, rest (numpy) "
                  f"{total - sum(part.values()):.2f} s of {total:.2f} s"))
 
 
