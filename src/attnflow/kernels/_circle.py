@@ -16,14 +16,15 @@ with q = e^{i alpha} and c_k the expansion's coefficients (c_{-k} = c_k),
 (N as a complex number: the weighted sum of the key directions), and the row's sums of
 (v_j, 1) are (a_0 Z + A^T N, Z).
 
-Lanes. The rows of a run are cut into S = LANES x groups segments of consecutive rows, and
-one loop advances the LANES segments of a group together, one row of each per step: lane b
-holds its segment's moments, and every loop over a lane's numbers is a loop over the LANES
-lanes, which the compiler vectorises (SIMD across tokens: a token's powers, moment update
-and read are each a chain over the orders, which vectorised across the orders would wait
-on latency; across tokens they do not). Causal: `totals` first sums each segment's moments;
-a lane then starts from the sum of the segments before its own and adds its keys as it goes
-(`rows`). Full: every lane reads the total of all segments.
+Lanes. The rows of the runs are cut into segments of consecutive rows (whole runs, when
+there are many short ones), and one loop advances a pack of LANES segments together, one
+row of each per step: lane b holds its segment's moments, and every loop over a lane's
+numbers is a loop over the LANES lanes, which the compiler vectorises (SIMD across tokens:
+a token's powers, moment update and read are each a chain over the orders, which
+vectorised across the orders would wait on latency; across tokens they do not). Causal:
+`totals` first sums each segment's moments, unless every segment is a whole run; a lane
+then starts from the sum of its run's segments before its own and adds its keys as it goes
+(`rows`). Full: every lane reads the total of its run's segments.
 
 Row layout. One work array W holds, for each group of ORDERS orders (a row of FIELDS x LANES
 numbers), the lanes' powers P (re, im), the plain sums L of their last <= MERGE keys, the
@@ -74,16 +75,17 @@ _QR, _QI, _YR, _YI = (_field(f) for f in (_Q, _Q + 4, _Q4, _Q4 + 1))
 
 
 @njit(**_JIT, inline="always")
-def _seed(x: np.ndarray, r: int, starts: np.ndarray, lens: np.ndarray, t: int, W: np.ndarray,
+def _seed(x: np.ndarray, runs: np.ndarray, starts: np.ndarray, lens: np.ndarray, t: int,
+          W: np.ndarray,
           nl: int, pr_: np.uint64, pi_: np.uint64, zr_: np.uint64, zi_: np.uint64) -> None:
     """Row 1 (orders 0..3) of the lanes' powers at step t, and z^4: z the direction of
-    x[r, starts[b] + t] ((1, 0) for a zero row); a lane past its segment's end gets z = 0 and
+    x[runs[b], starts[b] + t] ((1, 0) for a zero row); a lane past its segment's end gets z = 0 and
     z^0 = 0, which adds nothing."""
     o = _ROW
     for b in range(nl):
         ub = uint64(b)
         if t < lens[b]:
-            c, s = float(x[r, starts[b] + t, 0]), float(x[r, starts[b] + t, 1])
+            c, s = float(x[runs[b], starts[b] + t, 0]), float(x[runs[b], starts[b] + t, 1])
             h = math.sqrt(c * c + s * s)
             if h == 0.0:
                 c, s, h = 1.0, 0.0, 1.0
@@ -184,7 +186,7 @@ def _merge(W: np.ndarray, groups: int, nl: int) -> None:
 
 
 @njit(**_JIT, inline="always")
-def _steps(q: np.ndarray, k: np.ndarray, r: int, starts: np.ndarray, lens: np.ndarray,
+def _steps(q: np.ndarray, k: np.ndarray, runs: np.ndarray, starts: np.ndarray, lens: np.ndarray,
            c: np.ndarray, groups: int, W: np.ndarray, update: bool, read: bool, same: bool,
            affine: np.ndarray, out: np.ndarray) -> None:
     """Every step of one group of lanes (module docstring); out as in `rows`."""
@@ -193,9 +195,9 @@ def _steps(q: np.ndarray, k: np.ndarray, r: int, starts: np.ndarray, lens: np.nd
     last = uint64(groups) * _ROW
     for t in range(lens.max()):
         if update or same:
-            _seed(k, r, starts, lens, t, W, nl, _PR, _PI, _ZR, _ZI)
+            _seed(k, runs, starts, lens, t, W, nl, _PR, _PI, _ZR, _ZI)
         if not same:
-            _seed(q, r, starts, lens, t, W, nl, _QR, _QI, _YR, _YI)
+            _seed(q, runs, starts, lens, t, W, nl, _QR, _QI, _YR, _YI)
         _group(W, c, 0, nl, True, update, read, same)
         for g in range(1, groups):
             _group(W, c, g, nl, False, update, read, same)
@@ -209,7 +211,7 @@ def _steps(q: np.ndarray, k: np.ndarray, r: int, starts: np.ndarray, lens: np.nd
                     qi = W[_ROW + (_PI if same else _QI) + _U + ub]
                     z, ar, ai = W[last + _A0 + ub], W[last + _A1 + ub], W[last + _A2 + ub]
                     nr, ni = qr * ar - qi * ai, qi * ar + qr * ai
-                    i = starts[b] + t
+                    r, i = runs[b], starts[b] + t
                     for col in range(f):
                         out[r, i, col] += (affine[0, col] * z + affine[1, col] * nr
                                            + affine[2, col] * ni)
@@ -219,14 +221,14 @@ def _steps(q: np.ndarray, k: np.ndarray, r: int, starts: np.ndarray, lens: np.nd
 
 
 @njit(**_JIT)
-def totals(k: np.ndarray, r: int, starts: np.ndarray, lens: np.ndarray, groups: int,
+def totals(k: np.ndarray, runs: np.ndarray, starts: np.ndarray, lens: np.ndarray, groups: int,
            out: np.ndarray) -> None:
     """out (2, groups * ORDERS, LANES) = (Re, Im) of each lane's sum_j z_j^m over its segment
-    (rows starts[b] .. starts[b] + lens[b] - 1 of run r of k (R, n, 2)), m = 0 .. 4 groups - 1,
-    compensated (G - C)."""
+    (rows starts[b] .. starts[b] + lens[b] - 1 of run runs[b] of k (R, n, 2)), m = 0 .. 4
+    groups - 1, compensated (G - C)."""
     W = np.zeros((groups + 1) * FIELDS * LANES)  # the seed row, then one per row of orders
     nl = starts.size
-    _steps(k, k, r, starts, lens, np.zeros(12 * groups), groups, W, True, False, True,
+    _steps(k, k, runs, starts, lens, np.zeros(12 * groups), groups, W, True, False, True,
            np.zeros((3, 0)), np.zeros((0, 0, 1)))
     for g in range(groups):
         cur = uint64(g + 1) * _ROW
@@ -243,7 +245,7 @@ def _rows_for(causal: bool, same: bool):  # noqa: ANN202 (a numba dispatcher)
     vectorising: 4x slower)."""
 
     @njit(**_JIT)
-    def rows_for(q, k, coef, r, starts, lens, S0, affine, out):  # noqa: ANN001, ANN202
+    def rows_for(q, k, coef, runs, starts, lens, S0, affine, out):  # noqa: ANN001, ANN202
         groups = coef.shape[0]
         nl = starts.size
         W = np.zeros((groups + 1) * FIELDS * LANES)  # the seed row, then one per row of orders
@@ -254,7 +256,8 @@ def _rows_for(causal: bool, same: bool):  # noqa: ANN202 (a numba dispatcher)
                     o = cur + uint64(j) * _U + uint64(b)
                     W[o + _GR] = S0[0, ORDERS * g + j, b]
                     W[o + _GI] = S0[1, ORDERS * g + j, b]
-        _steps(q, k, r, starts, lens, coef.ravel(), groups, W, causal, True, same, affine, out)
+        _steps(q, k, runs, starts, lens, coef.ravel(), groups, W, causal, True, same, affine,
+               out)
 
     return rows_for
 
@@ -263,14 +266,14 @@ _ROWS = {(causal, same): _rows_for(causal, same) for causal in (False, True)
          for same in (False, True)}
 
 
-def rows(q: np.ndarray, k: np.ndarray, coef: np.ndarray, same: bool, causal: bool, r: int,
-         starts: np.ndarray, lens: np.ndarray, S0: np.ndarray, affine: np.ndarray,
-         out: np.ndarray) -> None:
-    """Rows starts[b] .. starts[b] + lens[b] - 1 of run r, for each lane b: out[r, i] +=
+def rows(q: np.ndarray, k: np.ndarray, coef: np.ndarray, same: bool, causal: bool,
+         runs: np.ndarray, starts: np.ndarray, lens: np.ndarray, S0: np.ndarray,
+         affine: np.ndarray, out: np.ndarray) -> None:
+    """Rows starts[b] .. starts[b] + lens[b] - 1 of run runs[b], for each lane b: out[r, i] +=
     (a_0 Z_i + A^T N_i, Z_i) (module docstring) from the lane's moments S0[:, :, b] plus,
     when causal, those of its keys up to i. q, k (R, n, 2) queries and keys (any norm: their
     directions are used); coef (groups, 12): per row of ORDERS orders, the weights of Z's
     a_m, of Re(N conj q)'s a_m and of its b_m (`harmonic._circle_coefficients`, zero past
     K + 1); same: q is k; S0 (2, groups * ORDERS, LANES) (Re, Im); affine (3, f) the rows
     a_0, A; out (R, n, f + 1)."""
-    _ROWS[bool(causal), bool(same)](q, k, coef, r, starts, lens, S0, affine, out)
+    _ROWS[bool(causal), bool(same)](q, k, coef, runs, starts, lens, S0, affine, out)

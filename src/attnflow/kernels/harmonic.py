@@ -65,8 +65,9 @@ MAX_B = 1e6  # the largest score scale |beta a b| taken (module docstring)
 # it are checked against their own bound (module docstring).
 ETA = 2.0 ** -10
 BLOCK = 4096  # rows of one share of the threads (its moments start from the block totals)
-PACKS = 8  # the fused circle path's packs of LANES segments per run, at most (`_circle_scan`)
-PACK_ROWS = 256  # and rows per segment, at least, where n allows
+SEGMENTS = 128  # the fused circle path's segments in all, about (`_circle_segments`),
+PACK_ROWS = 256  # of this many rows at least, where n allows,
+WHOLE_RUNS = 64  # and whole runs from this many runs on (4 packs: work for the threads)
 
 
 @dataclass(frozen=True)
@@ -453,47 +454,67 @@ def _circle_coefficients(B: float, K: int) -> np.ndarray:
                                            .transpose(1, 0, 2).reshape(rows, 3 * _circle.ORDERS)))
 
 
+@lru_cache(maxsize=64)
+def _circle_segments(R: int, n: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+    """(m, runs, starts, lens), each (packs, LANES): the fused circle path's segments, m per
+    run of n rows, in packs of LANES (lanes past the last segment have no rows). Whole runs
+    from WHOLE_RUNS runs on (no pass of segment totals: 1.5x less work); else about SEGMENTS
+    in all, of at least PACK_ROWS rows where n allows, but at least enough to fill one pack
+    and at most one per row. Set by (R, n) alone, so that the result does not depend on
+    the threads."""
+    lanes = _circle.LANES
+    m = 1 if R >= WHOLE_RUNS else max(1, min(-(-SEGMENTS // R),
+                                             max(n // PACK_ROWS, -(-lanes // R)), n))
+    cuts = (np.arange(m + 1) * n) // m
+    packs = -(-R * m // lanes)
+    runs, starts, lens = (np.zeros(packs * lanes, np.int64) for _ in range(3))
+    runs[: R * m] = np.repeat(np.arange(R), m)
+    starts[: R * m] = np.tile(cuts[:-1], R)
+    lens[: R * m] = np.tile(np.diff(cuts), R)
+    return m, *(_read_only(a.reshape(packs, lanes)) for a in (runs, starts, lens))
+
+
 def _circle_scan(q: np.ndarray, k: np.ndarray, coef: np.ndarray, same: bool, causal: bool,
                  affine: np.ndarray, acc: np.ndarray) -> None:
     """acc (R, n, f + 1) += each row's sums by the fused circle path (`_circle`), keys
-    j <= i (causal) or all. Each run is cut into packs of LANES segments of consecutive rows
-    (their number set by n alone, so that the result does not depend on the threads); the
-    threads first sum every segment's moments (`_circle.totals`), then run the packs'
-    rows (`_circle.rows`), each lane from the moments of the segments before its own
-    (causal) or of all (full)."""
+    j <= i (causal) or all. The runs are cut into segments (`_circle_segments`); the threads
+    first sum every segment's moments (`_circle.totals`; not needed when causal and each
+    segment is a whole run), then run the packs' rows (`_circle.rows`), each lane from the
+    moments of its run's segments before its own (causal) or of all of them (full)."""
     R, n, _ = q.shape
     lanes, orders = _circle.LANES, _circle.ORDERS
-    packs = max(1, min(PACKS, n // (lanes * PACK_ROWS)))
-    S = packs * lanes
-    cuts = (np.arange(S + 1) * n) // S
-    starts = cuts[:-1].reshape(packs, lanes).astype(np.int64)
-    lens = np.diff(cuts).reshape(packs, lanes).astype(np.int64)
+    m, runs, starts, lens = _circle_segments(R, n)
+    packs = runs.shape[0]
     rows = coef.shape[0]
     cost = float(R) * n * rows * orders * 16
-    parts = np.zeros((R, packs, 2, rows * orders, lanes))
+    S0 = np.zeros((packs, 2, rows * orders, lanes))
+    if m > 1 or not causal:
+        parts = np.zeros((packs, 2, rows * orders, lanes))
 
-    def sums_of_segments(start: int, stop: int) -> None:
-        for unit in range(start, stop):
-            r, p = divmod(unit, packs)
-            _circle.totals(k, r, starts[p], lens[p], rows, parts[r, p])
+        def sums_of_segments(start: int, stop: int) -> None:
+            for p in range(start, stop):
+                _circle.totals(k, runs[p], starts[p], lens[p], rows, parts[p])
 
-    parallel_ranges(sums_of_segments, R * packs, cost / 3)
-    by_segment = parts.transpose(0, 2, 3, 1, 4).reshape(R, 2, rows * orders, S)
-    if causal:  # the moments of the segments before each one (never of its own or later)
-        before = np.zeros_like(by_segment)
-        np.cumsum(by_segment[..., :-1], axis=-1, out=before[..., 1:])
-    else:
-        before = np.broadcast_to(by_segment.sum(axis=-1, keepdims=True), by_segment.shape)
-    S0 = np.ascontiguousarray(before.reshape(R, 2, rows * orders, packs, lanes)
-                              .transpose(0, 3, 1, 2, 4))
+        parallel_ranges(sums_of_segments, packs, cost / 3)
+        # by run and segment: (R, m, 2, orders), then the moments each segment starts from
+        seg = parts.transpose(0, 3, 1, 2).reshape(packs * lanes, 2, rows * orders)[: R * m]
+        seg = seg.reshape(R, m, 2, rows * orders)
+        if causal:  # the segments before each one (never its own or a later one)
+            before = np.zeros_like(seg)
+            np.cumsum(seg[:, :-1], axis=1, out=before[:, 1:])
+        else:
+            before = np.broadcast_to(seg.sum(axis=1, keepdims=True), seg.shape)
+        flat = S0.transpose(0, 3, 1, 2).reshape(packs * lanes, 2, rows * orders)
+        flat[: R * m] = before.reshape(R * m, 2, rows * orders)
+        S0 = np.ascontiguousarray(flat.reshape(packs, lanes, 2, rows * orders)
+                                  .transpose(0, 2, 3, 1))
 
     def run(start: int, stop: int) -> None:
-        for unit in range(start, stop):
-            r, p = divmod(unit, packs)
-            _circle.rows(q, k, coef, same, causal, r, starts[p], lens[p], S0[r, p], affine,
+        for p in range(start, stop):
+            _circle.rows(q, k, coef, same, causal, runs[p], starts[p], lens[p], S0[p], affine,
                          acc)
 
-    parallel_ranges(run, R * packs, cost)
+    parallel_ranges(run, packs, cost)
 
 
 def _totals(w: np.ndarray, vv: np.ndarray, K: int, rec: np.ndarray, units: list,
