@@ -130,3 +130,43 @@ def test_the_model_with_v_equal_to_k_takes_the_fused_path(fused_calls):
               for b in ("harmonic", "dense")]
     assert fused_calls
     assert np.abs(fields[0] - fields[1]).max() <= 1e-13
+
+
+def test_a_run_alone_equals_itself_beside_other_runs(fused_calls, monkeypatch):
+    """Segments depend on n alone: a run's rows are bit for bit the same alone, in a batch of
+    3 and in a batch of 70 (ensemble pieces step a run with any number of runs beside it)."""
+    x = uniform((70, 1000), 2, seed=3)
+    for mask in ("causal", "full"):
+        alone = harmonic.attend(x[:1], x[:1], x[:1], 64.0, mask)
+        for R in (3, 70):
+            np.testing.assert_array_equal(harmonic.attend(x[:R], x[:R], x[:R], 64.0, mask)[:1],
+                                          alone)
+    assert fused_calls
+
+
+def test_an_ensemble_in_pieces_equals_the_whole_batch_with_the_harmonic_kernel(monkeypatch):
+    """RK4 on the circle with the harmonic backend: 6 runs stepped as pieces of one run each
+    equal stepping the 6 together, bit for bit."""
+    import attnflow as af
+    from attnflow import ensembles
+    from attnflow.integrate import Drift, integrate
+
+    monkeypatch.setattr(ensembles, "PIECE_BYTES", 1)
+    model = af.Attention(beta=9.0, mask="causal", backend="harmonic")
+    x0 = uniform((6, 300), 2, seed=4)
+    field = model.tangent_field
+    times = np.array([0.0, 0.1, 0.2])
+    whole = integrate(Drift(field), x0, times, "rk4", 0.05)
+    pieces = integrate(Drift(field, runs_independent=True), x0, times, "rk4", 0.05, grain=1)
+    assert np.array_equal(pieces.states, whole.states)
+
+
+def test_keys_whose_squared_norm_underflows_take_the_general_path(fused_calls):
+    """Tokens of norm 1e-170 (|x|^2 underflows to 0, so the common norm reads 0): the values
+    are not 0 times the key directions, and the result is dense's, not zeros."""
+    x = 1e-170 * uniform(50, 2, seed=1)
+    for mask in ("causal", "full"):
+        got = harmonic.attend(x, x, x, 3.0, mask)
+        ref = dense.attend(x, x, x, 3.0, mask)
+        assert np.abs(got - ref).max() <= 1e-13 * np.abs(ref).max()
+    assert not fused_calls

@@ -16,15 +16,15 @@ with q = e^{i alpha} and c_k the expansion's coefficients (c_{-k} = c_k),
 (N as a complex number: the weighted sum of the key directions), and the row's sums of
 (v_j, 1) are (a_0 Z + A^T N, Z).
 
-Lanes. The rows of the runs are cut into segments of consecutive rows (whole runs, when
-there are many short ones), and one loop advances a pack of LANES segments together, one
-row of each per step: lane b holds its segment's moments, and every loop over a lane's
-numbers is a loop over the LANES lanes, which the compiler vectorises (SIMD across tokens:
-a token's powers, moment update and read are each a chain over the orders, which
-vectorised across the orders would wait on latency; across tokens they do not). Causal:
-`totals` first sums each segment's moments, unless every segment is a whole run; a lane
-then starts from the sum of its run's segments before its own and adds its keys as it goes
-(`rows`). Full: every lane reads the total of its run's segments.
+Lanes. The rows of the runs are cut into segments of consecutive rows (as many per run for
+every run of a call, so that a run's result does not depend on the runs beside it), and
+one loop advances a pack of LANES segments together, one row of each per step: lane b holds
+its segment's moments, and every loop over a lane's numbers is a loop over the LANES lanes,
+which the compiler vectorises (SIMD across tokens: a token's powers, moment update and read
+are each a chain over the orders, which vectorised across the orders would wait on latency;
+across tokens they do not). Causal: `totals` first sums each segment's moments (unless each
+is a whole run); a lane then starts from the sum of its run's segments before its own and
+adds its keys as it goes (`rows`). Full: every lane reads the total of its run's segments.
 
 Row layout. One work array W holds, for each group of ORDERS orders (a row of FIELDS x LANES
 numbers), the lanes' powers P (re, im), the plain sums L of their last <= MERGE keys, the

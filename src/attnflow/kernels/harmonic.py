@@ -65,9 +65,9 @@ MAX_B = 1e6  # the largest score scale |beta a b| taken (module docstring)
 # it are checked against their own bound (module docstring).
 ETA = 2.0 ** -10
 BLOCK = 4096  # rows of one share of the threads (its moments start from the block totals)
-SEGMENTS = 128  # the fused circle path's segments in all, about (`_circle_segments`),
-PACK_ROWS = 256  # of this many rows at least, where n allows,
-WHOLE_RUNS = 64  # and whole runs from this many runs on (4 packs: work for the threads)
+# The fused circle path's segments per run (`_circle_segments`): from SEGMENTS_MIN (two packs
+# of lanes: work for two threads) to SEGMENTS, of PACK_ROWS rows where n allows.
+SEGMENTS_MIN, SEGMENTS, PACK_ROWS = 32, 128, 256
 
 
 @dataclass(frozen=True)
@@ -424,6 +424,8 @@ def _circle_affine(k: np.ndarray, v: np.ndarray, b: float) -> np.ndarray | None:
     None otherwise (the general path)."""
     if not (v is k or (v.shape == k.shape and v.dtype == k.dtype and np.array_equal(v, k))):
         return None
+    if not b > 0:  # keys of norm 0, or below ~1e-162 (whose squares underflow): v is not b w
+        return None
     low, top = _norm_range(np.ascontiguousarray(k).reshape(-1, 2))
     if top - low > AFFINE_SLACK * np.finfo(k.dtype if k.dtype.kind == "f" else float).eps * top:
         return None
@@ -457,14 +459,12 @@ def _circle_coefficients(B: float, K: int) -> np.ndarray:
 @lru_cache(maxsize=64)
 def _circle_segments(R: int, n: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     """(m, runs, starts, lens), each (packs, LANES): the fused circle path's segments, m per
-    run of n rows, in packs of LANES (lanes past the last segment have no rows). Whole runs
-    from WHOLE_RUNS runs on (no pass of segment totals: 1.5x less work); else about SEGMENTS
-    in all, of at least PACK_ROWS rows where n allows, but at least enough to fill one pack
-    and at most one per row. Set by (R, n) alone, so that the result does not depend on
-    the threads."""
+    run of n rows, in packs of LANES (lanes past the last segment have no rows). m depends
+    on n alone, so that a run's result does not depend on the runs beside it (ensemble
+    pieces, `attnflow.ensembles`) nor on the threads: SEGMENTS_MIN to SEGMENTS segments, of
+    PACK_ROWS rows where n allows, at most one per row."""
+    m = max(1, min(n, max(SEGMENTS_MIN, min(SEGMENTS, n // PACK_ROWS))))
     lanes = _circle.LANES
-    m = 1 if R >= WHOLE_RUNS else max(1, min(-(-SEGMENTS // R),
-                                             max(n // PACK_ROWS, -(-lanes // R)), n))
     cuts = (np.arange(m + 1) * n) // m
     packs = -(-R * m // lanes)
     runs, starts, lens = (np.zeros(packs * lanes, np.int64) for _ in range(3))
@@ -479,8 +479,8 @@ def _circle_scan(q: np.ndarray, k: np.ndarray, coef: np.ndarray, same: bool, cau
     """acc (R, n, f + 1) += each row's sums by the fused circle path (`_circle`), keys
     j <= i (causal) or all. The runs are cut into segments (`_circle_segments`); the threads
     first sum every segment's moments (`_circle.totals`; not needed when causal and each
-    segment is a whole run), then run the packs' rows (`_circle.rows`), each lane from the
-    moments of its run's segments before its own (causal) or of all of them (full)."""
+    segment is a whole run, n = 1), then run the packs' rows (`_circle.rows`), each lane from
+    the moments of its run's segments before its own (causal) or of all of them (full)."""
     R, n, _ = q.shape
     lanes, orders = _circle.LANES, _circle.ORDERS
     m, runs, starts, lens = _circle_segments(R, n)
