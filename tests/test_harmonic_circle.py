@@ -70,13 +70,13 @@ def test_small_and_batched_runs_against_dense(n, fused_calls):
 
 
 def test_equals_the_general_path_and_does_not_depend_on_threads(monkeypatch, fused_calls):
-    """Three packs of 16 segments of 62 or 63 rows (SEGMENTS 48, PACK_ROWS 50: segments of
-    unequal length, each past MERGE steps): the fused path agrees with the general path
+    """Three packs of 16 segments of 62 or 63 rows (SEGMENTS 48, SEGMENT_ROWS 50: segments
+    of unequal length, each past MERGE steps): the fused path agrees with the general path
     (real features times (v, 1), forced here) to 1e-14, and is bit for bit the same on 1
     and 2 threads."""
     x = uniform(3000, 2, seed=4)
     monkeypatch.setattr(harmonic, "SEGMENTS", 48)
-    monkeypatch.setattr(harmonic, "PACK_ROWS", 50)
+    monkeypatch.setattr(harmonic, "SEGMENT_ROWS", 50)
     got = {}
     for threads in ("1", "2"):
         monkeypatch.setenv("ATTNFLOW_THREADS", threads)

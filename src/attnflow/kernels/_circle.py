@@ -223,7 +223,7 @@ def _steps(q: np.ndarray, k: np.ndarray, runs: np.ndarray, starts: np.ndarray, l
 @njit(**_JIT)
 def totals(k: np.ndarray, runs: np.ndarray, starts: np.ndarray, lens: np.ndarray, groups: int,
            out: np.ndarray) -> None:
-    """out (2, groups * ORDERS, LANES) = (Re, Im) of each lane's sum_j z_j^m over its segment
+    """out (LANES, 2, groups * ORDERS) = (Re, Im) of each lane's sum_j z_j^m over its segment
     (rows starts[b] .. starts[b] + lens[b] - 1 of run runs[b] of k (R, n, 2)), m = 0 .. 4
     groups - 1, compensated (G - C)."""
     W = np.zeros((groups + 1) * FIELDS * LANES)  # the seed row, then one per row of orders
@@ -235,8 +235,8 @@ def totals(k: np.ndarray, runs: np.ndarray, starts: np.ndarray, lens: np.ndarray
         for j in range(ORDERS):
             for b in range(nl):
                 o = cur + uint64(j) * _U + uint64(b)
-                out[0, ORDERS * g + j, b] = W[o + _GR] - W[o + _CR]
-                out[1, ORDERS * g + j, b] = W[o + _GI] - W[o + _CI]
+                out[b, 0, ORDERS * g + j] = W[o + _GR] - W[o + _CR]
+                out[b, 1, ORDERS * g + j] = W[o + _GI] - W[o + _CI]
 
 
 def _rows_for(causal: bool, same: bool):  # noqa: ANN202 (a numba dispatcher)
@@ -254,8 +254,8 @@ def _rows_for(causal: bool, same: bool):  # noqa: ANN202 (a numba dispatcher)
             for j in range(ORDERS):
                 for b in range(nl):
                     o = cur + uint64(j) * _U + uint64(b)
-                    W[o + _GR] = S0[0, ORDERS * g + j, b]
-                    W[o + _GI] = S0[1, ORDERS * g + j, b]
+                    W[o + _GR] = S0[b, 0, ORDERS * g + j]
+                    W[o + _GI] = S0[b, 1, ORDERS * g + j]
         _steps(q, k, runs, starts, lens, coef.ravel(), groups, W, causal, True, same, affine,
                out)
 
@@ -270,10 +270,10 @@ def rows(q: np.ndarray, k: np.ndarray, coef: np.ndarray, same: bool, causal: boo
          runs: np.ndarray, starts: np.ndarray, lens: np.ndarray, S0: np.ndarray,
          affine: np.ndarray, out: np.ndarray) -> None:
     """Rows starts[b] .. starts[b] + lens[b] - 1 of run runs[b], for each lane b: out[r, i] +=
-    (a_0 Z_i + A^T N_i, Z_i) (module docstring) from the lane's moments S0[:, :, b] plus,
+    (a_0 Z_i + A^T N_i, Z_i) (module docstring) from the lane's moments S0[b] plus,
     when causal, those of its keys up to i. q, k (R, n, 2) queries and keys (any norm: their
     directions are used); coef (groups, 12): per row of ORDERS orders, the weights of Z's
     a_m, of Re(N conj q)'s a_m and of its b_m (`harmonic._circle_coefficients`, zero past
-    K + 1); same: q is k; S0 (2, groups * ORDERS, LANES) (Re, Im); affine (3, f) the rows
+    K + 1); same: q is k; S0 (LANES, 2, groups * ORDERS) (Re, Im); affine (3, f) the rows
     a_0, A; out (R, n, f + 1)."""
     _ROWS[bool(causal), bool(same)](q, k, coef, runs, starts, lens, S0, affine, out)

@@ -65,9 +65,10 @@ MAX_B = 1e6  # the largest score scale |beta a b| taken (module docstring)
 # it are checked against their own bound (module docstring).
 ETA = 2.0 ** -10
 BLOCK = 4096  # rows of one share of the threads (its moments start from the block totals)
-# The fused circle path's segments per run (`_circle_segments`): from SEGMENTS_MIN (two packs
-# of lanes: work for two threads) to SEGMENTS, of PACK_ROWS rows where n allows.
-SEGMENTS_MIN, SEGMENTS, PACK_ROWS = 32, 128, 256
+# The fused circle path's segments per run (`_circle_segments`): one per SEGMENT_ROWS rows, at
+# most SEGMENTS (8 packs of lanes: shares for the threads from n = 16384). Whole runs below
+# 256 rows (no pass of segment totals: many short runs 1.9x faster than 64-row segments).
+SEGMENT_ROWS, SEGMENTS = 128, 128
 
 
 @dataclass(frozen=True)
@@ -459,11 +460,11 @@ def _circle_coefficients(B: float, K: int) -> np.ndarray:
 @lru_cache(maxsize=64)
 def _circle_segments(R: int, n: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
     """(m, runs, starts, lens), each (packs, LANES): the fused circle path's segments, m per
-    run of n rows, in packs of LANES (lanes past the last segment have no rows). m depends
-    on n alone, so that a run's result does not depend on the runs beside it (ensemble
-    pieces, `attnflow.ensembles`) nor on the threads: SEGMENTS_MIN to SEGMENTS segments, of
-    PACK_ROWS rows where n allows, at most one per row."""
-    m = max(1, min(n, max(SEGMENTS_MIN, min(SEGMENTS, n // PACK_ROWS))))
+    run of n rows, segment s of run r in lane (r m + s) of the packs of LANES (lanes past the
+    last segment have no rows). m depends on n alone, so that a run's result does not depend
+    on the runs beside it (ensemble pieces, `attnflow.ensembles`) nor on the threads: one
+    segment per SEGMENT_ROWS rows, at most SEGMENTS."""
+    m = max(1, min(SEGMENTS, n // SEGMENT_ROWS))
     lanes = _circle.LANES
     cuts = (np.arange(m + 1) * n) // m
     packs = -(-R * m // lanes)
@@ -479,40 +480,36 @@ def _circle_scan(q: np.ndarray, k: np.ndarray, coef: np.ndarray, same: bool, cau
     """acc (R, n, f + 1) += each row's sums by the fused circle path (`_circle`), keys
     j <= i (causal) or all. The runs are cut into segments (`_circle_segments`); the threads
     first sum every segment's moments (`_circle.totals`; not needed when causal and each
-    segment is a whole run, n = 1), then run the packs' rows (`_circle.rows`), each lane from
-    the moments of its run's segments before its own (causal) or of all of them (full)."""
+    segment is a whole run), then run the packs' rows (`_circle.rows`), each lane from the
+    moments of its run's segments before its own (causal) or of all of them (full)."""
     R, n, _ = q.shape
-    lanes, orders = _circle.LANES, _circle.ORDERS
+    lanes = _circle.LANES
     m, runs, starts, lens = _circle_segments(R, n)
     packs = runs.shape[0]
-    rows = coef.shape[0]
-    cost = float(R) * n * rows * orders * 16
-    S0 = np.zeros((packs, 2, rows * orders, lanes))
+    orders = coef.shape[0] * _circle.ORDERS
+    cost = float(R) * n * orders * 16
+    S0 = np.zeros((packs * lanes, 2, orders))  # each segment's starting moments
     if m > 1 or not causal:
-        parts = np.zeros((packs, 2, rows * orders, lanes))
+        parts = np.zeros_like(S0)  # each segment's own
 
         def sums_of_segments(start: int, stop: int) -> None:
             for p in range(start, stop):
-                _circle.totals(k, runs[p], starts[p], lens[p], rows, parts[p])
+                _circle.totals(k, runs[p], starts[p], lens[p], coef.shape[0],
+                               parts[p * lanes:(p + 1) * lanes])
 
         parallel_ranges(sums_of_segments, packs, cost / 3)
-        # by run and segment: (R, m, 2, orders), then the moments each segment starts from
-        seg = parts.transpose(0, 3, 1, 2).reshape(packs * lanes, 2, rows * orders)[: R * m]
-        seg = seg.reshape(R, m, 2, rows * orders)
-        if causal:  # the segments before each one (never its own or a later one)
-            before = np.zeros_like(seg)
-            np.cumsum(seg[:, :-1], axis=1, out=before[:, 1:])
+        seg = parts[: R * m].reshape(R, m, 2, orders)
+        before = S0[: R * m].reshape(R, m, 2, orders)
+        if causal:  # the segments before each one (never its own or a later one), in order
+            for s in range(1, m):  # (np.cumsum over this axis: 10x slower at R = 64, m = 31)
+                np.add(before[:, s - 1], seg[:, s - 1], out=before[:, s])
         else:
-            before = np.broadcast_to(seg.sum(axis=1, keepdims=True), seg.shape)
-        flat = S0.transpose(0, 3, 1, 2).reshape(packs * lanes, 2, rows * orders)
-        flat[: R * m] = before.reshape(R * m, 2, rows * orders)
-        S0 = np.ascontiguousarray(flat.reshape(packs, lanes, 2, rows * orders)
-                                  .transpose(0, 2, 3, 1))
+            before[:] = seg.sum(axis=1, keepdims=True)
 
     def run(start: int, stop: int) -> None:
         for p in range(start, stop):
-            _circle.rows(q, k, coef, same, causal, runs[p], starts[p], lens[p], S0[p], affine,
-                         acc)
+            _circle.rows(q, k, coef, same, causal, runs[p], starts[p], lens[p],
+                         S0[p * lanes:(p + 1) * lanes], affine, acc)
 
     parallel_ranges(run, packs, cost)
 
