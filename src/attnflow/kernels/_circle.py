@@ -76,8 +76,8 @@ _QR, _QI, _YR, _YI = (_field(f) for f in (_Q, _Q + 4, _Q4, _Q4 + 1))
 
 @njit(**_JIT, inline="always")
 def _seed(x: np.ndarray, runs: np.ndarray, starts: np.ndarray, lens: np.ndarray, t: int,
-          W: np.ndarray,
-          nl: int, pr_: np.uint64, pi_: np.uint64, zr_: np.uint64, zi_: np.uint64) -> None:
+          W: np.ndarray, nl: int, pr_: np.uint64, pi_: np.uint64, zr_: np.uint64,
+          zi_: np.uint64) -> None:
     """Row 1 (orders 0..3) of the lanes' powers at step t, and z^4: z the direction of
     x[runs[b], starts[b] + t] ((1, 0) for a zero row); a lane past its segment's end gets z = 0 and
     z^0 = 0, which adds nothing."""
