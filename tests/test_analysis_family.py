@@ -165,10 +165,10 @@ def test_dispersion_rate_limits_and_noise():
     # noise: mode 1 is neutral exactly at the Kuramoto-type threshold sigma^2 = 2 / kappa_c
     for beta in (0.0, 4.0, 30.0):
         sigma = np.sqrt(2 / noise_threshold(beta))
-        assert abs(dispersion_rate(1, beta, sigma)) < 1e-14
-    assert dispersion_rate(2, 9.0, 0.3) == pytest.approx(
+        assert abs(dispersion_rate(1, beta, sigma=sigma)) < 1e-14
+    assert dispersion_rate(2, 9.0, sigma=0.3) == pytest.approx(
         dispersion_rate(2, 9.0) - 0.09 * 4 / 2, rel=1e-14)
-    for bad in ({"k": 0, "beta": 1.0}, {"k": 1.5, "beta": 1.0}, {"k": 1, "beta": np.nan}):
+    for bad in ({"l": 0, "beta": 1.0}, {"l": 1.5, "beta": 1.0}, {"l": 1, "beta": np.nan}):
         with pytest.raises(ValueError):
             dispersion_rate(**bad)
     with pytest.raises(ValueError, match="attention"):

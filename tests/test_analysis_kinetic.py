@@ -13,18 +13,9 @@ from scipy.special import iv
 from attnflow.analysis.kinetic import (
     causal_memory,
     cell_memory,
-    growth_rate,
     hardy_kernel,
     inverse_cdf,
 )
-
-
-def test_growth_rate_is_k2_ik_over_beta_i0():
-    for beta in (0.5, 1.0, 9.0):
-        k = np.arange(1, 6)
-        assert np.allclose(growth_rate(beta, k), k**2 * iv(k, beta) / (beta * iv(0, beta)),
-                           rtol=1e-13)
-    assert np.allclose(growth_rate(0.0, [1, 2, 3]), [0.5, 0.0, 0.0])
 
 
 def test_hardy_kernel_is_its_series():
@@ -39,7 +30,7 @@ def test_causal_memory_solves_the_discretised_volterra_system():
     sum), from a unit mass at label j0 (eps_j0 = N), integrated by solve_ivp: the last label's
     value is the closed form (1/u) psi_{lambda t}(log(u / s0)), up to O(1 / N) (2.6e-3 here)."""
     N, j0, beta, t = 2000, 200, 1.0, 4.0
-    lam = float(growth_rate(beta, 1))
+    lam = 1 * iv(1, beta) / (beta * iv(0, beta))  # lambda_1, k^2 I_k / (beta I_0)
     j = np.arange(1, N + 1)
 
     def rhs(_t, eps):

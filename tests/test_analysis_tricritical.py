@@ -11,11 +11,11 @@ from scipy.special import eval_legendre, gamma, i0, iv
 
 import attnflow as af
 from attnflow.analysis import (
+    dispersion_rate,
     funk_hecke,
     instability_strength,
     landau_coefficient,
     linear_fluctuation,
-    mode_growth_rate,
     stationary_branch,
     stationary_order,
     transition_strengths,
@@ -62,7 +62,8 @@ def test_growth_rate_and_threshold_against_the_meanfield_solver(beta):
                     1.0, save_at=[1.0], noise=1.0)
         rate = np.log(np.abs(res.coefficients[-1, 0, 1] / res.coefficients[0, 0, 1]))
         measured.append(rate)
-        assert rate == pytest.approx(float(mode_growth_rate(K, beta, 2, 1)), abs=1e-6)
+        assert rate == pytest.approx(float(dispersion_rate(1, beta, 2, 1.0, "unnormalised", K)),
+                                     abs=1e-6)
     assert measured[0] < 0 < measured[1]
     # the zero of the (linear in K) measured rate is K_#
     zero = 0.8 * K_sharp - measured[0] * 0.4 * K_sharp / (measured[1] - measured[0])
@@ -73,7 +74,7 @@ def test_higher_modes_destabilise_later():
     for d in (2, 3):
         for beta in (0.5, 3.0, 10.0):
             K = instability_strength(beta, d)
-            assert np.all(mode_growth_rate(K, beta, d, [2, 3, 4, 8]) < 0)
+            assert np.all(dispersion_rate([2, 3, 4, 8], beta, d, 1.0, "unnormalised", K) < 0)
 
 
 def _circle_fixed_point(kappa, beta, start, points=512, iterations=4000):

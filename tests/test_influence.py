@@ -12,7 +12,7 @@ from scipy.integrate import quad, solve_ivp
 
 torch = pytest.importorskip("torch")
 
-from attnflow.analysis.family import dispersion_rate  # noqa: E402
+from attnflow.analysis.dispersion import dispersion_rate  # noqa: E402
 from attnflow.analysis.influence import (  # noqa: E402
     influence_recency_time,
     kernels,

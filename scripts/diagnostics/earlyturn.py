@@ -32,7 +32,7 @@ import numpy as np
 from scipy.signal import lfilter
 from scipy.special import gammaln
 
-from attnflow.analysis.family import dispersion_rate
+from attnflow.analysis.dispersion import dispersion_rate
 from attnflow.analysis.kinetic import (
     SOFT_MODES,
     hardy_label,

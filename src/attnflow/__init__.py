@@ -29,7 +29,7 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
     "distance_to_subspace", "effective_rank", "energy", "equiangular_rhs", "equiangular_start",
     "expected_renyi_centers_circle", "expected_strong_centers", "g",
     "gaussian_blowup_time", "gaussian_isotropic_moments", "gaussian_moment_rhs",
-    "gaussian_moments", "growth_rate", "h",
+    "gaussian_moments", "h",
     "hardy_kernel", "inverse_cdf", "k_star", "kuramoto_order", "length_scale", "lemma51_bound",
     "log_energy", "massive_activation", "mean_pairwise_cosine", "noise_threshold", "norm_spread",
     "output_correlation", "output_correlation_limit", "predict_configuration",
@@ -43,7 +43,7 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
     "FourierMoments", "fourier_moments", "wasserstein_circle", "DensityModes",
     "density_cluster_count", "density_modes", "density_peak_count", "kde_circle",
     "StationaryBranch", "TransitionStrengths", "funk_hecke", "instability_strength",
-    "landau_coefficient", "linear_fluctuation", "mode_growth_rate", "stationary_branch",
+    "landau_coefficient", "linear_fluctuation", "stationary_branch",
     "stationary_order", "transition_strengths", "tricritical_beta",
 )
 _EXPORTS: dict[str, str] = {

@@ -11,6 +11,9 @@
   attention sink, effective rank, angular distance, clusters, Rényi centers, massive
   activations, norm spread; `battery`).
 * energy: the interaction energy E_beta and its logarithm (docs/science.md §6).
+* dispersion: the dispersion relation of the uniform state on every sphere S^{d-1}
+  (docs/science.md §9): the linear growth rate of degree-l harmonics, softmax or
+  unnormalised weights, with strength and noise (`dispersion_rate`).
 * family: closed forms of the model family (docs/science.md §6): the equiangular ODEs and
   exact equiangular starts, the noisy Kuramoto order parameter, the long-context self-weight
   and output correlation, the mean-field cluster number k*.
@@ -25,7 +28,7 @@
   stationary branch, the first-order strengths (spinodal, critical), the particles' linear
   fluctuations.
 * kinetic: closed forms of the mean-field equation on the circle (docs/science.md §9): the
-  growth rate of a mode, the Hardy kernel psi and the causal memory profile, quantiles of a
+  Hardy kernel psi and the causal memory profile, quantiles of a
   density given by its Fourier coefficients; with ALiBi (§11.1): the Hardy label, the
   retrieval profile, the soft accuracy and the critical time of recency; the same linear
   equation on n discrete tokens (the finite-n linear theory).
@@ -76,9 +79,9 @@ from attnflow.analysis.depth import (
     sink_rate,
     strong_renyi_center_count,
 )
+from attnflow.analysis.dispersion import dispersion_rate
 from attnflow.analysis.energy import energy, log_energy
 from attnflow.analysis.family import (
-    dispersion_rate,
     equiangular_rhs,
     equiangular_start,
     k_star,
@@ -104,7 +107,6 @@ from attnflow.analysis.kinetic import (
     alibi_memory,
     causal_memory,
     cell_memory,
-    growth_rate,
     hardy_kernel,
     hardy_label,
     inverse_cdf,
@@ -162,7 +164,6 @@ from attnflow.analysis.tricritical import (
     instability_strength,
     landau_coefficient,
     linear_fluctuation,
-    mode_growth_rate,
     stationary_branch,
     stationary_order,
     transition_strengths,
@@ -237,7 +238,6 @@ __all__ = [
     "wasserstein_circle",
     "causal_memory",
     "cell_memory",
-    "growth_rate",
     "hardy_kernel",
     "inverse_cdf",
     "LimitStatistics",
@@ -272,7 +272,6 @@ __all__ = [
     "instability_strength",
     "landau_coefficient",
     "linear_fluctuation",
-    "mode_growth_rate",
     "stationary_branch",
     "stationary_order",
     "transition_strengths",

@@ -29,10 +29,10 @@
   proportional to k^2 I_k(beta); the first clusters number about k* = argmax_k k^2 I_k(beta).
   The rate itself (docs/science.md §9, Q = K = V = I, full attention, noise sigma):
   lambda_k = k^2 I_k(beta) / (beta I_0(beta)) - sigma^2 k^2 / 2 (softmax) and
-  k^2 I_k(beta) / beta - sigma^2 k^2 / 2 (unnormalised), `dispersion_rate`, for beta of
-  either sign: at beta < 0, k^2 I_k(beta) / beta = (-1)^(k+1) k^2 I_k(|beta|) / |beta|, so
-  the odd modes grow (mode 1 at about 1/2 for small |beta|: V = I still attracts) and the even
-  modes decay.
+  k^2 I_k(beta) / beta - sigma^2 k^2 / 2 (unnormalised): `dispersion_rate` (analysis/
+  dispersion.py, every sphere S^{d-1}) at d = 2, for beta of either sign: at beta < 0,
+  k^2 I_k(beta) / beta = (-1)^(k+1) k^2 I_k(|beta|) / |beta|, so the odd modes grow (mode 1
+  at about 1/2 for small |beta|: V = I still attracts) and the even modes decay.
 """
 
 from __future__ import annotations
@@ -43,11 +43,10 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import i0e, i1e, ive
 
-from attnflow._checks import as_generator, fail, inverse_temperature, nonnegative, number
+from attnflow._checks import as_generator, fail, inverse_temperature, number
 
 __all__ = [
     "NORMS",
-    "dispersion_rate",
     "equiangular_rhs",
     "equiangular_start",
     "k_star",
@@ -247,30 +246,3 @@ def _count(name: str, value: Any, low: int) -> int:
     return int(value)
 
 
-def dispersion_rate(k: Any, beta: Any, sigma: float = 0.0,
-                    attention: str = "softmax") -> np.ndarray:
-    """lambda_k, the growth rate (per unit time) of Fourier mode k of the uniform density on
-    the circle under full attention with Q = K = V = I and noise sigma (docs/science.md §9):
-
-        softmax:       lambda_k = k^2 I_k(beta) / (beta I_0(beta)) - sigma^2 k^2 / 2,
-        unnormalised:  lambda_k = k^2 I_k(beta) / beta - sigma^2 k^2 / 2,
-
-    evaluated as k (I_{k-1} - I_{k+1}) / 2 (equal to k^2 I_k / beta, finite at beta = 0: there
-    lambda_1 = 1/2 - sigma^2 / 2 and the other modes decay). beta < 0 (repulsive): the same
-    formulas, I_k(beta) = (-1)^k I_k(|beta|) (module docstring: odd modes grow, even ones
-    decay). Vectorised: integers k >= 1 and finite beta of either sign broadcast together;
-    returns their broadcast shape (unnormalised rates grow like e^|beta| and overflow to inf
-    past |beta| ~ 700)."""
-    k = np.asarray(k)
-    if not (np.issubdtype(k.dtype, np.integer) and np.all(k >= 1)):
-        raise fail("k", "integers >= 1", repr(k))
-    beta = np.asarray(beta, dtype=float)
-    if not np.all(np.isfinite(beta)):
-        raise fail("beta", "finite values", repr(beta))
-    sigma = nonnegative("sigma", sigma)
-    if attention not in ATTENTIONS:
-        raise fail("attention", f"one of {ATTENTIONS}", repr(attention))
-    kf = k.astype(float)
-    rate = kf * (ive(kf - 1, beta) - ive(kf + 1, beta)) / 2  # times e^-|beta|
-    rate = rate / ive(0, beta) if attention == "softmax" else rate * np.exp(np.abs(beta))
-    return rate - sigma * sigma * kf * kf / 2

@@ -31,7 +31,7 @@ from scipy.integrate import quad
 from scipy.optimize import brentq
 
 from attnflow._checks import fail
-from attnflow.analysis.family import dispersion_rate
+from attnflow.analysis.dispersion import dispersion_rate
 from attnflow.analysis.kinetic import alibi_memory
 
 MODES = 24  # the modes k = 1..MODES summed (the tail's bound: module docstring)

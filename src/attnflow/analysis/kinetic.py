@@ -3,8 +3,9 @@
 Softmax attention, Q = K = V = I, d = 2, no noise unless said.
 
 * Growth rate of Fourier mode k of the uniform density: lambda_k = k^2 I_k(beta) /
-  (beta I_0(beta)) = k (I_{k-1}(beta) - I_{k+1}(beta)) / (2 I_0(beta)) (`growth_rate`; the
-  second form is finite at beta = 0: 1/2 for k = 1, 0 above).
+  (beta I_0(beta)) = k (I_{k-1}(beta) - I_{k+1}(beta)) / (2 I_0(beta))
+  (`attnflow.analysis.dispersion_rate` at d = 2; the second form is finite at beta = 0: 1/2
+  for k = 1, 0 above).
 * The causal linearisation: mode k of label s obeys d_t eps = lambda_k H eps, H the Hardy
   operator (1/s) int_0^s, whose resolvent gives a point perturbation at label s the weight
   (1/u) psi_tau(log(u / s)) at every later label u, tau = lambda_k t and
@@ -45,25 +46,14 @@ from scipy.special import gammaincc, ive
 
 from attnflow._checks import fail
 from attnflow.analysis._density import cdf_table, hermite, one_density
-from attnflow.analysis.family import dispersion_rate
+from attnflow.analysis.dispersion import dispersion_rate
 
-__all__ = ["alibi_memory", "causal_memory", "cell_memory", "growth_rate", "hardy_kernel",
+__all__ = ["alibi_memory", "causal_memory", "cell_memory", "hardy_kernel",
            "hardy_label", "inverse_cdf", "recency_time", "soft_accuracy", "soft_weights",
            "token_memory"]
 
 SOFT_WIDTH = 8.0  # M of the soft accuracy's weights e^{-pi^2 k^2 / (2 M^2)} (arXiv 2605.09213)
 SOFT_MODES = 20  # the modes k = 1..SOFT_MODES it sums (the source's truncation)
-
-
-def growth_rate(beta: float, k: Any) -> np.ndarray:
-    """lambda_k = k (I_{k-1}(beta) - I_{k+1}(beta)) / (2 I_0(beta)) (per unit time): the rate
-    at which Fourier mode k >= 1 of the uniform density grows under softmax attention
-    (Q = K = V = I, no noise), for beta of either sign (beta < 0: negative for even k, see
-    `attnflow.analysis.dispersion_rate`). Vectorised over k."""
-    k = np.asarray(k, dtype=float)
-    if not np.isfinite(beta) or np.any(k < 1) or np.any(k != np.round(k)):
-        raise fail("beta, k", "a finite beta and integer modes k >= 1", f"beta {beta}, k {k}")
-    return k * (ive(k - 1, beta) - ive(k + 1, beta)) / (2 * ive(0, beta))
 
 
 def hardy_kernel(tau: float, y: Any) -> np.ndarray:
@@ -87,7 +77,7 @@ def causal_memory(s: Any, t: float, beta: float, k: int = 1, u: float = 1.0) -> 
     s = np.asarray(s, dtype=float)
     if np.any(s <= 0) or np.any(s >= u):
         raise fail("s", f"labels in (0, u = {u})", repr(s))
-    tau = float(growth_rate(beta, k)) * t
+    tau = float(dispersion_rate(k, beta)) * t
     return hardy_kernel(tau, np.log(u / s)) / u
 
 

@@ -17,7 +17,8 @@ papers' coupling K (their noise is attnflow's sigma = 1).
   degree l, lambda_l = Gamma(d/2) (2 / beta)^{d/2 - 1} I_{l + d/2 - 1}(beta) (`funk_hecke`;
   I_l(beta) on the circle).
 * Mode l of the uniform state grows at l (l + d - 2) (K lambda_l / beta - sigma^2 / 2)
-  (`mode_growth_rate`); lambda_l decreases in l, so l = 1 goes first, at
+  (`attnflow.analysis.dispersion_rate(l, beta, d, sigma, "unnormalised", K)`); lambda_l
+  decreases in l, so l = 1 goes first, at
   K_# = sigma^2 beta / (2 lambda_1) = sigma^2 beta^{d/2} / (2^{d/2} Gamma(d/2) I_{d/2}(beta))
   (`instability_strength`; sigma^2 d / 2 as beta -> 0, the Kuramoto threshold).
 * Landau expansion of the self-consistency at K_#: r^2 = (1 - K_# / K) / (g d^2) + ..., with
@@ -50,7 +51,7 @@ from threadpoolctl import threadpool_limits
 from attnflow._checks import fail, number
 
 __all__ = ["StationaryBranch", "TransitionStrengths", "funk_hecke", "instability_strength",
-           "landau_coefficient", "linear_fluctuation", "mode_growth_rate", "stationary_branch",
+           "landau_coefficient", "linear_fluctuation", "stationary_branch",
            "stationary_order", "transition_strengths", "tricritical_beta"]
 
 DEGREE = 64  # Gegenbauer degrees of the stationary densities: e^{c t} to 1e-15 for c <~ 60,
@@ -98,20 +99,6 @@ def instability_strength(beta: float, d: int, sigma: float = 1.0) -> float:
     noise sigma > 0 (module docstring). The papers' K_#(beta) is sigma = 1."""
     sigma = number("sigma", sigma, 0.0, low_open=True, expected="a noise sigma > 0")
     return float(sigma**2 * _beta(beta) / (2 * funk_hecke(beta, d, 1)))
-
-
-def mode_growth_rate(strength: float, beta: float, d: int, l: Any, sigma: float = 1.0
-                     ) -> np.ndarray:
-    """l (l + d - 2) (K lambda_l / beta - sigma^2 / 2): the rate (per unit time) at which
-    degree-l harmonics of the uniform density grow (< 0: decay) at strength K, noise sigma.
-    Vectorised over l >= 1."""
-    K = number("strength", strength, 0.0, low_open=True, expected="a strength K > 0")
-    sigma = number("sigma", sigma, 0.0, expected="a noise sigma >= 0")
-    l = np.asarray(l, dtype=float)
-    if np.any(l < 1):
-        raise fail("l", "degrees l >= 1", repr(l))
-    d = _dimension(d)
-    return l * (l + d - 2) * (K * funk_hecke(beta, d, l) / beta - sigma**2 / 2)
 
 
 def linear_fluctuation(ratio: Any, t: Any, d: int, sigma: float = 1.0) -> np.ndarray:

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis.kinetic import causal_memory, cell_memory, growth_rate
+from attnflow.analysis.dispersion import dispersion_rate
+from attnflow.analysis.kinetic import causal_memory, cell_memory
 from attnflow.experiments._cells import cell_moments, regress
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
@@ -55,7 +56,7 @@ FULL_MINUTES = 7  # estimated: 24 RK4 evaluations of 96 x 1e5 tokens at ~1.5 us 
 def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Output:
     S, k, beta = params["cells"], params["k"], float(params["beta"])
     times = [float(t) for t in params["times"]]
-    lam = float(growth_rate(beta, k))
+    lam = float(dispersion_rate(k, beta))
     closed = np.array([[cell_memory(((b - 1) / S, b / S), ((S - 1) / S, 1.0), lam * t)
                         for b in range(1, S)] for t in times])  # (times, S - 1)
     solver = _solver(params, times)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis.family import dispersion_rate
+from attnflow.analysis.dispersion import dispersion_rate
 from attnflow.analysis.kinetic import (
     SOFT_MODES,
     cell_memory,

@@ -27,9 +27,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attnflow.analysis import (
+    dispersion_rate,
     instability_strength,
     linear_fluctuation,
-    mode_growth_rate,
     stationary_branch,
     stationary_order,
     transition_strengths,
@@ -140,7 +140,7 @@ def _rates(params) -> list[dict[str, Any]]:
             measured.append(float(np.log(np.abs(res.coefficients[-1, 0, 1]
                                                 / res.coefficients[0, 0, 1]))))
         zero = Ks[0] - measured[0] * (Ks[1] - Ks[0]) / (measured[1] - measured[0])
-        theory = [float(mode_growth_rate(K, beta, 2, 1, SIGMA)) for K in Ks]
+        theory = [float(dispersion_rate(1, beta, 2, SIGMA, "unnormalised", K)) for K in Ks]
         rows.append({"beta": beta, "K_sharp": K_sharp, "strengths": Ks, "rates": measured,
                      "theory": theory, "K_zero": zero})
     return rows
@@ -413,8 +413,8 @@ def _threshold_figure(rates, fluct, params) -> Figure:
     for i, r in enumerate(rates):
         color = f"C{i}"
         line = np.linspace(0.8, 1.2, 10) * r["K_sharp"]
-        a.plot(line, [mode_growth_rate(K, r["beta"], 2, 1, SIGMA) for K in line], "-", lw=1,
-               color=color, label=f"beta = {r['beta']:g}")
+        a.plot(line, [dispersion_rate(1, r["beta"], 2, SIGMA, "unnormalised", K)
+                      for K in line], "-", lw=1, color=color, label=f"beta = {r['beta']:g}")
         a.plot(r["strengths"], r["rates"], "o", mfc="none", color=color)
         a.axvline(r["K_sharp"], color=color, ls="--", lw=0.8)
     a.axhline(0, color="0.5", lw=1)
