@@ -39,6 +39,9 @@
   density's coefficients): a count that means the same at n = 10 and n = 10^6.
 * moments: particles against a density on the circle (docs/science.md §9): the Fourier
   moments with their standard errors, the Wasserstein-1 distance (closed form on the circle).
+* harmonics: the moments of real orthonormal harmonics on every sphere (Fourier on the
+  circle, spherical harmonics on S^2, zonal Gegenbauer on S^{d-1}, d >= 4) with standard
+  errors and the rotation-invariant power per degree, on arrays or torch tensors.
 * selectivity: one query over n iid uniform keys on S^{d-1} (docs/science.md §11.4): the
   critical scale beta_n = gamma n^{2/(d-1)}, the moments of the weights' limit law (a Poisson
   process of the nearest keys), exact samplers of the gaps 1 - <q, k>, the weights'
@@ -98,6 +101,7 @@ from attnflow.analysis.gaussian import (
     gaussian_moment_rhs,
     gaussian_moments,
 )
+from attnflow.analysis.harmonics import HarmonicMoments, harmonic_moments
 from attnflow.analysis.influence import (
     influence_recency_time,
     mean_influence,
@@ -177,6 +181,7 @@ __all__ = [
     "Clusters",
     "DensityModes",
     "FourierMoments",
+    "HarmonicMoments",
     "Lemma51Bound",
     "ObservedConfiguration",
     "RemarkB2Check",
@@ -239,6 +244,7 @@ __all__ = [
     "causal_memory",
     "cell_memory",
     "hardy_kernel",
+    "harmonic_moments",
     "inverse_cdf",
     "LimitStatistics",
     "cap_constant",
