@@ -1,7 +1,7 @@
 """The mean-field density against time and angle, and particles beside it: their histogram
 against time on its own panel, and both profiles at one time (`plot_meanfield`); the
-particles' Fourier moments against the mean field's in their 1/sqrt(n) band
-(`plot_moments`)."""
+particles' Fourier moments (circle) or real spherical-harmonic moments (S^2) against the mean
+field's in their 1/sqrt(n) band (`plot_moments`)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from attnflow._checks import fail
+from attnflow.analysis.harmonics import harmonic_basis, harmonic_moments
 from attnflow.analysis.moments import fourier_moments
 from attnflow.meanfield import MeanFieldResult
 from attnflow.meanfield.spectral import to_grid
+from attnflow.meanfield.sphere import SphereGrid
 from attnflow.plot._input import _states
 from attnflow.plot._style import COLUMN, STYLE, _figure, _pi_axis
 from attnflow.trajectory import Trajectory
@@ -231,28 +233,37 @@ def plot_moments(
     (M_k - m_k) / sd, in the band +-2 (readable at any n, where the top band is too thin to
     see).
 
+    On S^2 (a result and particles with d = 3) the moments are those of the real orthonormal
+    spherical harmonics Y_lm of `attnflow.analysis.harmonic_moments` (mean of Y^2 over the
+    sphere 1), one panel per degree l with every order m = -l..l as a line in its band
+    m_lm +- 2 sd / sqrt(n), sd^2 = int Y_lm^2 rho - m_lm^2 (`sphere_field_moments`: the
+    solver's Gauss grid, exact), and the same distance panel below.
+
     result : a `MeanFieldResult`; label: its label cell (causal mask: the particles of that
         cell are averaged, token i having the label (i + 1) / n).
-    particles : an attnflow `Trajectory` on the circle (d = 2) of the same model; run: which.
-    modes : the modes k >= 1 to draw (at most K).
+    particles : an attnflow `Trajectory` on the circle (d = 2) or S^2 (d = 3) of the same
+        model; run: which.
+    modes : the modes k >= 1 to draw (at most K); on S^2 the degrees l >= 1 (at most L).
     """
     if not isinstance(result, MeanFieldResult):
         raise fail("result", "an attnflow.meanfield.MeanFieldResult", type(result).__name__)
-    if not isinstance(particles, Trajectory) or particles.d != 2 or result.d != 2:
-        raise fail("particles", "an attnflow Trajectory on the circle (d = 2) beside a result "
-                   "on the circle", repr(particles)[:80])
-    S, K = result.coefficients.shape[1], result.coefficients.shape[2] - 1
+    if not isinstance(particles, Trajectory) or particles.d not in (2, 3) or (
+            result.d != particles.d):
+        raise fail("particles", "an attnflow Trajectory on the circle (d = 2) or S^2 (d = 3) "
+                   "beside a result on the same sphere", repr(particles)[:80])
+    S, K = result.coefficients.shape[1], result.coefficients.shape[-1] - 1
     if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not (
             -S <= label < S):
         raise fail("label", f"a label cell index in [-{S}, {S})", repr(label))
     ks = np.asarray(modes)
+    word = "modes" if result.d == 2 else "degrees"
     if ks.ndim != 1 or ks.size == 0 or not np.issubdtype(ks.dtype, np.integer) or np.any(
             ks < 1) or np.any(ks > K):
-        raise fail("modes", f"a sequence of modes in 1..K = {K}", repr(modes))
-    X = _states(particles, run)
-    n = X.shape[1]
-    if S > 1:
-        X = X[:, np.ceil((np.arange(n) + 1) * S / n).astype(int) - 1 == label % S]
+        raise fail("modes", f"a sequence of {word} in 1..{'K' if result.d == 2 else 'L'} = "
+                   f"{K}", repr(modes))
+    if result.d == 3:
+        return _sphere_moments(result, particles, ks, label, run, figsize)
+    X = _cell_tokens(particles, run, label, S)
     m = X.shape[1]
     got = fourier_moments(X, ks).mean  # (T, modes)
     coeffs = result.coefficients[:, label]  # (T, K + 1)
@@ -292,4 +303,79 @@ def plot_moments(
         grid[0, 0].set_ylabel("moment")
         grid[1, 0].set_ylabel(r"$\sqrt{n}\,(M_k - m_k)\,/\,$sd")
         grid[0, 0].legend(loc="best", fontsize=6)
+    return fig
+
+
+def _cell_tokens(particles: Trajectory, run: int, label: int, S: int) -> np.ndarray:
+    """The states (T, m, d) of the tokens of label cell `label` of S (token i has the label
+    (i + 1) / n; all tokens for S = 1)."""
+    X = _states(particles, run)
+    n = X.shape[1]
+    if S > 1:
+        X = X[:, np.ceil((np.arange(n) + 1) * S / n).astype(int) - 1 == label % S]
+    return X
+
+
+def sphere_field_moments(coefficients: np.ndarray, degree: int
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """The mean field's moments m = int Y rho and standard deviations sd = (int Y^2 rho -
+    m^2)^(1/2) of `harmonic_moments`' real harmonics Y of degrees 1..L' (L' = `degree`) for
+    S^2 densities with coefficients (..., L + 1, L + 1) (the solver's): (..., M) each, by the
+    solver's Gauss grid of degree max(L, L'), exact for rho Y^2 (degree L + 2 L' <=
+    3 max(L, L') + 4)."""
+    L = coefficients.shape[-1] - 1
+    grid = SphereGrid(max(L, degree))
+    c = coefficients
+    if degree > L:
+        pad = [(0, 0)] * (c.ndim - 2) + [(0, degree - L), (0, degree - L)]
+        c = np.pad(c, pad)
+    rho = grid.synthesis(c)  # (..., N_theta, N_phi), per unit area
+    area = 2 * np.pi * grid.weights[:, None] / grid.n_phi  # the points' areas
+    Y = np.stack(harmonic_basis(grid.points, degree)[0], -1)  # (N_theta, N_phi, M)
+    mass = rho * area
+    m = np.einsum("...jk,jkm->...m", mass, Y)
+    second = np.einsum("...jk,jkm->...m", mass, Y * Y)
+    return m, np.sqrt(np.clip(second - m * m, 0, None))
+
+
+def _sphere_moments(result: MeanFieldResult, particles: Trajectory, degrees: np.ndarray,
+                    label: int, run: int, figsize: tuple[float, float] | None) -> Figure:
+    """`plot_moments` on S^2 (its docstring): one panel per degree, every order in it."""
+    S = result.coefficients.shape[1]
+    X = _cell_tokens(particles, run, label, S)
+    n, top = X.shape[1], int(degrees.max())
+    got = harmonic_moments(X, top)  # (T, M)
+    field, sd = sphere_field_moments(result.coefficients[:, label], top)  # (T_mf, M)
+    inside = particles.times <= result.times[-1] + 1e-9 * max(1.0, abs(result.times[-1]))
+    t = particles.times[inside]
+    with mpl.rc_context(STYLE):
+        fig = Figure(figsize=figsize or (COLUMN * len(degrees), 4.2), layout="constrained")
+        grid = fig.subplots(2, len(degrees), sharex="col", squeeze=False,
+                            gridspec_kw={"height_ratios": [3, 2]})
+        for a, z, l in zip(grid[0], grid[1], degrees):
+            columns = np.flatnonzero(got.degree == l)
+            colours = mpl.colormaps["viridis"](np.linspace(0, 0.9, len(columns)))
+            for i, colour in zip(columns, colours):
+                centre, band = field[:, i], 2 * sd[:, i] / np.sqrt(n)
+                m = int(got.order[i])
+                a.fill_between(result.times, centre - band, centre + band, color=colour,
+                               alpha=0.2, lw=0)
+                a.plot(result.times, centre, color=colour, lw=1.0, label=f"$m = {m}$")
+                a.plot(particles.times, got.mean[:, i], "o", ms=2.5, color=colour, mfc="none")
+                scale = np.interp(t, result.times, sd[:, i]) / np.sqrt(n)
+                z.plot(t, (got.mean[inside, i] - np.interp(t, result.times, centre))
+                       / np.where(scale > 0, scale, np.nan), "o-", ms=2.5, lw=0.6,
+                       color=colour, mfc="none")
+            z.axhspan(-2, 2, color="0.88", lw=0)
+            z.axhline(0, color="k", lw=0.6)
+            z.set_xlabel("t")
+            a.set_title(rf"degree $l = {l}$: band $\pm 2\,$sd$/\sqrt{{n}}$")
+            a.set_xlim(min(result.times[0], particles.times[0]),
+                       max(result.times[-1], particles.times[-1]))
+            a.legend(loc="best", fontsize=6, ncol=2 if l > 2 else 1,
+                     title=f"lines: mean field; o: {n:,} particles", title_fontsize=6)
+        grid[0, 0].set_ylabel(r"moment $\langle Y_{lm} \rangle$")
+        grid[1, 0].set_ylabel(r"$\sqrt{n}\,(M_{lm} - m_{lm})\,/\,$sd")
+        if result.resolution_lost_at is not None:
+            fig.suptitle(f"mean field: resolution lost at t = {result.resolution_lost_at:.3g}")
     return fig
