@@ -181,3 +181,15 @@ def test_bad_input_is_one_line(monkeypatch):
 
 def test_af_influence_is_the_helper():
     assert af.influence is influence and "influence" in af.__all__
+
+
+def test_simulate_options_pass_through():
+    model = af.Attention(beta=3.0, mask="causal")
+    x0 = af.sphere.uniform(6, 3, seed=10)
+    plain = influence(model, x0, 1.0, dt=DT)
+    chunked = influence(model, x0, 1.0, dt=DT, checkpoint=2)  # recomputed in the backward
+    np.testing.assert_allclose(chunked.blocks, plain.blocks, rtol=0, atol=1e-14)
+    assert chunked.record["integrator"]["checkpoint"] == 2
+    single = influence(model, x0.astype(np.float32), 1.0, dt=DT)
+    assert single.blocks.dtype == np.float32
+    np.testing.assert_allclose(single.blocks, plain.blocks, rtol=0, atol=1e-5)
