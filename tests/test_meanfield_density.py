@@ -63,6 +63,8 @@ def test_the_scheme_survives_what_keeps_the_labels(chebyshev):
     assert from_function(lambda t: np.exp(np.cos(t)), 16).scheme is None  # no labels
     assert from_coefficients(np.asarray(chebyshev), scheme="chebyshev").scheme == "chebyshev"
     assert from_coefficients(chebyshev).scheme == "chebyshev"
+    with pytest.raises(ValueError, match=r"^scheme: expected None or 'chebyshev'"):
+        from_coefficients(chebyshev, scheme="cells")
     s2 = from_function(lambda s, x: 2 + (0.5 + s) * x[..., 2], 4, labels=8,
                        scheme="chebyshev", d=3)
     assert s2.scheme == "chebyshev" and s2.ndim == 3

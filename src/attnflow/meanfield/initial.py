@@ -18,7 +18,7 @@ import scipy.fft as sfft
 
 from attnflow._checks import describe, fail, finite_array, positive
 from attnflow.meanfield import sphere, zonal
-from attnflow.meanfield.density import Density
+from attnflow.meanfield.density import Density, label_scheme
 from attnflow.meanfield.labels import label_nodes, token_cells
 
 __all__ = ["DEFAULT_TAIL", "check_coefficients", "from_coefficients", "from_function",
@@ -65,9 +65,10 @@ def from_coefficients(c: Any, scheme: str | None = None) -> Density:
     """Coefficients (K + 1,) or (S, K + 1) checked by `check_coefficients`; (S, K + 1).
     A 3-d array (S, L + 1, L + 1) is a density on S^2 (`attnflow.meanfield.sphere`).
     `scheme`: the label scheme of the S labels ("cells" or "chebyshev"; None: the one `c`
-    carries if it is a `Density`, else none, and `solve` reads it as told)."""
-    if isinstance(c, Density) and scheme is None:
-        scheme = c.scheme
+    carries if it is a `Density`, else none, and `solve` reads it as told); one that
+    contradicts the scheme `c` carries is refused."""
+    if isinstance(c, Density) and c.scheme is not None:
+        scheme = label_scheme(c, scheme)
     c = np.asarray(c)
     if np.ndim(c) == 3:
         return Density(sphere.check_coefficients(c, "c", DEFAULT_TAIL), scheme)
