@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "explore": "attnflow.explorer",
     "explore_html": "attnflow.explorer",
     "explore_live": "attnflow.explorer",
+    "influence": "attnflow.sensitivity",
 }
 _SUBMODULES = ("analysis", "explorer", "family", "kernels", "manifolds", "meanfield", "plot",
                "pretrained", "sphere", "sweeps")
@@ -114,4 +115,5 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     )
     from attnflow.analysis import *  # noqa: F403
     from attnflow.explorer import explore, explore_html, explore_live  # noqa: F401
+    from attnflow.sensitivity import influence  # noqa: F401
     from attnflow.sweeps import sweep  # noqa: F401

@@ -3,15 +3,14 @@
 
 The model: tokens on the circle, Q = K = V = I, causal mask, the positional weighting with
 ALiBi slope `slope` / n per token (attnflow time; the source's time is ours divided by beta).
-For each of `runs` iid uniform starts of n tokens, the run goes forward once on torch
-tensors (float64, CPU, RK4 at dt = `dt` / beta, the graph kept: a chunk of `chunk` runs
-holds about 5 x 4 x steps x chunk x n^2 doubles), and for each save time t one backward pass
-gives the whole row of the last token's Jacobian: the vector-Jacobian product of the
-covector of theta_n(t) = atan2(x_n(t)) (the vector (-y, x) / |x|^2 at x_n(t)), read on the
-tangent of each initial token, J_j = d theta_n(t) / d theta_j(0) for j = 1..n (the runs of
-a chunk share the pass: a run's loss does not depend on another run's tokens). On the circle
-the tangent block of dx_n(t)/dx_j(0) is this one number, so its operator and Frobenius norms
-are both |J_j|.
+For each of `runs` iid uniform starts of n tokens, `attnflow.influence` runs forward once
+on torch tensors (float64, CPU, RK4 at dt = `dt` / beta, the graph kept: a chunk of `chunk`
+runs holds about 5 x 4 x steps x chunk x n^2 doubles) and pulls back the covectors of
+theta_n(t) = atan2(x_n(t)) at every save time t in one backward pass: the whole row of the
+last token's Jacobian read on the tangent of each initial token,
+J_j = d theta_n(t) / d theta_j(0) for j = 1..n (the runs of a chunk share the pass: a run's
+target does not depend on another run's tokens). On the circle the tangent block of
+dx_n(t)/dx_j(0) is this one number, so its operator and Frobenius norms are both |J_j|.
 
 Measured, per run and per label cell (`cells` equal cells of s = j / n, j < n), at the times
 `factors` x t_crit (t_crit the retrieval's recency time, `recency_time`):
@@ -36,7 +35,7 @@ from attnflow.analysis.kinetic import SOFT_MODES, recency_time, soft_accuracy, s
 from attnflow.experiments._ledger import claim, without_torch
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention
-from attnflow.simulate import simulate
+from attnflow.sensitivity import influence
 
 PAPERS = ("2605.09213",)  # arXiv ids of the papers whose claims this recipe checks
 CLAIMS = ("influence.green", "influence.identity", "influence.shape")
@@ -64,7 +63,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
     notes = [f"n = {params['n']} tokens, {params['runs']} iid uniform starts per setting, torch "
              f"float64 on the CPU, dense kernel (SDPA), positional weighting, ALiBi slope "
              f"lambda / n per token, RK4 dt = {params['dt']:g} / beta; one "
-             f"backward pass per save time for a chunk of {params['chunk']} runs. "
+             f"backward pass for all save times for a chunk of {params['chunk']} runs. "
              f"{params['cells']} equal label cells of the tokens j < n; the retrieval weights "
              f"w_k = e^(-pi^2 k^2 / 128), k = 1..{SOFT_MODES}."]
     return Output({"settings": results}, claims, figures, notes)
@@ -72,28 +71,19 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
 
 def _jacobian_rows(model, theta0: np.ndarray, times: list[float], dt: float):
     """J (T, R, n) = d theta_n(t) / d theta_j(0) and theta_n(t) (T, R) for starts theta0 (R, n):
-    one forward run, one backward pass per save time (on one torch thread: many small calls,
-    docs/guide/gpu.md)."""
+    one forward run and one backward pass (`attnflow.influence`), on one torch thread (many
+    small calls, docs/guide/gpu.md)."""
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        x0 = torch.from_numpy(np.stack([np.cos(theta0), np.sin(theta0)], axis=-1))
-        x0.requires_grad_()
-        run = simulate(model, x0, times[-1], save_at=times, dt=dt)
-        rows, last = [], []
-        for i in range(len(times)):
-            xn = run.states[i, :, -1]  # (R, 2), off the circle by RK4's error
-            cov = torch.stack([-xn[:, 1], xn[:, 0]], dim=-1) / (xn * xn).sum(-1, keepdim=True)
-            (grad,) = torch.autograd.grad((xn * cov.detach()).sum(), x0,
-                                          retain_graph=i < len(times) - 1)
-            g = grad.numpy()
-            rows.append(-g[..., 0] * np.sin(theta0) + g[..., 1] * np.cos(theta0))
-            last.append(np.arctan2(xn[:, 1].detach().numpy(), xn[:, 0].detach().numpy()))
+        x0 = np.stack([np.cos(theta0), np.sin(theta0)], axis=-1)
+        res = influence(model, x0, times[-1], save_at=times, dt=dt)
     finally:
         torch.set_num_threads(threads)
-    return np.stack(rows), np.stack(last)
+    y = res.target_states  # (T, R, 2), off the circle by rounding
+    return res.blocks, np.arctan2(y[..., 1], y[..., 0])
 
 
 def _setting(params, beta, lam, rng, progress) -> dict[str, Any]:

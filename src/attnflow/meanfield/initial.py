@@ -1,5 +1,6 @@
 """Initial densities: Fourier coefficients (S, K + 1) from a function, from coefficients or
-from tokens (docs/science.md §9).
+from tokens (docs/science.md §9), as a `Density`: the array with its label scheme
+(`attnflow.meanfield.density`), which `solve` reads.
 
 Coefficients c[s, k] (complex) mean rho_s(theta) = sum_{|k| <= K} c[s, k] e^{i k theta},
 c[s, -k] = conj(c[s, k]), each label's density of mass 1 (c[s, 0] = 1 / (2 pi)). S = 1 is the
@@ -17,6 +18,7 @@ import scipy.fft as sfft
 
 from attnflow._checks import describe, fail, finite_array, positive
 from attnflow.meanfield import sphere, zonal
+from attnflow.meanfield.density import Density, label_scheme
 from attnflow.meanfield.labels import label_nodes, token_cells
 
 __all__ = ["DEFAULT_TAIL", "check_coefficients", "from_coefficients", "from_function",
@@ -59,17 +61,23 @@ def check_coefficients(c: Any, name: str = "rho0", tol: float = DEFAULT_TAIL) ->
     return arr
 
 
-def from_coefficients(c: Any) -> np.ndarray:
+def from_coefficients(c: Any, scheme: str | None = None) -> Density:
     """Coefficients (K + 1,) or (S, K + 1) checked by `check_coefficients`; (S, K + 1).
-    A 3-d array (S, L + 1, L + 1) is a density on S^2 (`attnflow.meanfield.sphere`)."""
+    A 3-d array (S, L + 1, L + 1) is a density on S^2 (`attnflow.meanfield.sphere`).
+    `scheme`: the label scheme of the S labels ("cells" or "chebyshev"; None: the one `c`
+    carries if it is a `Density`, else none, and `solve` reads it as told); one that
+    contradicts the scheme `c` carries is refused."""
+    if isinstance(c, Density) and c.scheme is not None:
+        scheme = label_scheme(c, scheme)
+    c = np.asarray(c)
     if np.ndim(c) == 3:
-        return sphere.check_coefficients(c, "c", DEFAULT_TAIL)
-    return check_coefficients(c, "c")
+        return Density(sphere.check_coefficients(c, "c", DEFAULT_TAIL), scheme)
+    return Density(check_coefficients(c, "c"), scheme)
 
 
 def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
                   tol: float = DEFAULT_TAIL, scheme: str = "cells", *, d: int = 2
-                  ) -> np.ndarray:
+                  ) -> Density:
     """The coefficients (S, K + 1) of rho(theta) = f(theta) (labels None: S = 1) or of
     f(s, theta) at the S labels s of the `scheme` (`attnflow.meanfield.labels`: "cells", the
     cells' midpoints (j - 1/2) / S; "chebyshev", the Chebyshev-Lobatto nodes from 0 to 1)
@@ -83,7 +91,10 @@ def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
     (S, L + 1, L + 1) of degree L = modes (`attnflow.meanfield.sphere`; sampled on the
     quadrature grid of degree 2 L). d >= 4: a zonal density on S^{d-1}, f(z) of z = <x, e> in
     [-1, 1] (or f(s, z), s of shape (S, 1)), as Gegenbauer coefficients (S, L + 1)
-    (`attnflow.meanfield.zonal`; solve with the same d)."""
+    (`attnflow.meanfield.zonal`; solve with the same d).
+
+    Returns a `Density`: the coefficients with their `scheme` (None without labels), which
+    `solve` reads (a different explicit scheme there is refused)."""
     K = _modes(modes)
     if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
         raise fail("d", "2 (the circle), 3 (S^2) or more (zonal densities on S^{d-1})",
@@ -94,14 +105,15 @@ def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
         raise fail("labels", "an integer S >= 1 (labels) for f(s, x) of two arguments, "
                    "None for f(x) of one", f"{labels!r} with f of {arity} arguments")
     s = None if labels is None else label_nodes(scheme, S)
+    carried = None if labels is None else scheme
     if d == 3:
-        return sphere.from_values(f, K, tol, s)
+        return Density(sphere.from_values(f, K, tol, s), carried)
     if d > 3:
-        return zonal.from_values(f, int(d), K, tol, s)
+        return Density(zonal.from_values(f, int(d), K, tol, s), carried)
     P = max(8 * K, 256)
     theta = 2 * np.pi * np.arange(P) / P
-    values = finite_array("f", f(theta) if labels is None else f(
-        label_nodes(scheme, S)[:, None], theta), dtype=float)
+    values = finite_array("f", f(theta) if labels is None else f(s[:, None], theta),
+                          dtype=float)
     try:
         values = np.broadcast_to(values, (S, P))
     except ValueError:
@@ -115,11 +127,11 @@ def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
     if beyond > tol:
         raise fail("modes", f"enough modes to resolve f (its modes above K = {K} below "
                    f"{tol:g} relative)", f"{K}, which leaves {beyond:.3g}")
-    return check_coefficients(coeffs[:, :K + 1], "f", tol)
+    return Density(check_coefficients(coeffs[:, :K + 1], "f", tol), carried)
 
 
 def from_tokens(x: Any, modes: int, width: float, labels: int | None = None,
-                tol: float = DEFAULT_TAIL) -> np.ndarray:
+                tol: float = DEFAULT_TAIL) -> Density:
     """The empirical measure of tokens x (n, 2) on the circle, smoothed by the wrapped normal
     kernel of standard deviation `width` (radians; mode k scaled by e^{-k^2 width^2 / 2},
     i.e. the heat kernel), as coefficients (S, K + 1). With `labels` S, token i (0-based)
@@ -128,7 +140,7 @@ def from_tokens(x: Any, modes: int, width: float, labels: int | None = None,
 
     Tokens (n, 3) on S^2 give coefficients (S, L + 1, L + 1) of degree L = modes, smoothed
     by the heat kernel (degree l scaled by e^{-l (l + 1) width^2 / 2}), per label cell as on
-    the circle."""
+    the circle. Returns a `Density` of scheme "cells" (None without labels)."""
     K = _modes(modes)
     x = finite_array("x", x, ndim=2, dtype=float)
     if x.shape[1] not in (2, 3) or len(x) == 0:
@@ -138,15 +150,17 @@ def from_tokens(x: Any, modes: int, width: float, labels: int | None = None,
     n = len(x)
     S = 1 if labels is None else _labels(labels)
     cell = token_cells(n, S)
+    carried = None if labels is None else "cells"
     if x.shape[1] == 3:
-        return sphere.from_points(x, K, w, tol, None if labels is None else cell)
+        return Density(sphere.from_points(x, K, w, tol, None if labels is None else cell),
+                       carried)
     theta = np.arctan2(x[:, 1], x[:, 0])
     waves = np.exp(-1j * np.outer(theta, np.arange(K + 1)))  # (n, K + 1)
     counts = np.bincount(cell, minlength=S)
     sums = np.zeros((S, K + 1), dtype=complex)
     np.add.at(sums, cell, waves)
     c = sums / counts[:, None] / (2 * np.pi) * np.exp(-0.5 * (np.arange(K + 1) * w) ** 2)
-    return check_coefficients(c, "x", tol)
+    return Density(check_coefficients(c, "x", tol), carried)
 
 
 def _arity(f: Callable[..., Any]) -> int | None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from attnflow._checks import as_generator, fail
 from attnflow.analysis.kinetic import inverse_cdf
+from attnflow.meanfield.density import Density
 from attnflow.meanfield.initial import DEFAULT_TAIL
 from attnflow.meanfield.result import MeanFieldResult
 from attnflow.meanfield.spectral import to_grid
@@ -40,13 +41,17 @@ def token_labels(n: int) -> np.ndarray:
     return (np.arange(_count(n)) + 1) / n
 
 
-def density_at(source: Any, t: float | None = None) -> np.ndarray:
+def density_at(source: Any, t: float | None = None) -> Density:
     """The coefficients (S, K + 1) of a density: `source` is coefficients (K + 1,),
     (1, K + 1) or (S, K + 1), or a `MeanFieldResult` read at its saved time `t` (None: the
     last; a time in its range that is not saved, or one off its range, is refused).
     Checked: finite, mass 1 per label to 1e-12, and nowhere below -tol / (2 pi) on a grid of
-    max(8 (K + 1), 1024) angles (tol = 1e-8, the solver's own bound of a resolved state)."""
+    max(8 (K + 1), 1024) angles (tol = 1e-8, the solver's own bound of a resolved state).
+    Returned as a `Density` with the label scheme of the result (or the one `source`
+    carries), so that `solve` continues from it in the same labels."""
+    scheme = source.scheme if isinstance(source, Density) else None
     if isinstance(source, MeanFieldResult):
+        scheme = source.settings.get("scheme")
         times = source.times
         if t is None:
             i = len(times) - 1
@@ -79,7 +84,7 @@ def density_at(source: Any, t: float | None = None) -> np.ndarray:
         worst = int(np.argmin(lowest))
         raise fail("density", "a density >= 0 everywhere (to -1e-8 / (2 pi))",
                    f"a minimum of {lowest[worst] / (2 * np.pi):.3g} (label {worst})")
-    return arr
+    return Density(arr, scheme)
 
 
 def sample(source: Any, n: int, *, t: float | None = None, method: str = "iid",

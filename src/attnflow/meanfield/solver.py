@@ -44,8 +44,9 @@ from attnflow.family import Block
 from attnflow.integrate import rk4_step
 from attnflow.manifolds import EUCLIDEAN
 from attnflow.meanfield import sphere, zonal
+from attnflow.meanfield.density import label_scheme
 from attnflow.meanfield.initial import DEFAULT_TAIL, check_coefficients, tail
-from attnflow.meanfield.labels import SCHEMES, Labels
+from attnflow.meanfield.labels import Labels
 from attnflow.meanfield.model import MeanFieldModel
 from attnflow.meanfield.result import MeanFieldResult, check_path
 from attnflow.meanfield.spectral import TransportField, to_grid
@@ -61,7 +62,7 @@ MAX_COURANT = 2.0  # refused above (RK4 is stable up to 2 sqrt 2 on imaginary ei
 def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
           save_at: Any = None, noise: float | None = None, dt: float | None = None,
           tol: float = DEFAULT_TAIL, refine_to: int | None = None,
-          scheme: str = "cells", alibi: float | None = None,
+          scheme: str | None = None, alibi: float | None = None,
           path: str | os.PathLike | None = None, d: int | None = None) -> MeanFieldResult:
     """Solve the mean-field equation of `model` from the density rho0 up to t_end.
 
@@ -90,11 +91,13 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     refine_to : None (default: stop where resolution is lost), or the most modes to refine
         to: an unresolved step is then retried from the last resolved state with twice the
         modes (zero-padded) and half the step, as long as 2 K <= refine_to.
-    scheme : the causal mask's labels (`attnflow.meanfield.labels`): "cells" (default; S
-        label cells ((j - 1) / S, j / S], j = 1..S, second order at best, for states not
-        smooth in s) or "chebyshev" (S Chebyshev-Lobatto labels from s = 0 to 1, spectral
-        for states smooth in s); rho0 must be given at the scheme's labels (`from_function`
-        with the same scheme).
+    scheme : the causal mask's labels (`attnflow.meanfield.labels`): "cells" (S label
+        cells ((j - 1) / S, j / S], j = 1..S, second order at best, for states not smooth
+        in s) or "chebyshev" (S Chebyshev-Lobatto labels from s = 0 to 1, spectral for
+        states smooth in s). None (default): the scheme rho0 carries (a `Density` from
+        `from_function`, `from_tokens`, `from_coefficients(c, scheme)`; its labels sit at
+        that scheme's nodes), "cells" for a plain array. A scheme that contradicts the one
+        rho0 carries is refused (`attnflow.meanfield.density`).
     alibi : ALiBi's slope lambda >= 0 per unit label (causal mask): label s weighs label
         s' <= s by e^{-lambda (s - s')}. The particles' `ALiBi(m)` (bias -m (i - j), slope m
         per token) at n tokens is lambda = m n. None: no ALiBi.
@@ -113,14 +116,14 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     becomes non-finite.
     """
     tol = number("tol", tol, 0.0, low_open=True)
+    scheme = label_scheme(rho0, scheme)
+    rho0 = np.asarray(rho0)  # a Density's plain coefficients
     d = _dimension(d, rho0)
     mf = MeanFieldModel.of(model, alibi, d)
     c = (check_coefficients(rho0, "rho0", tol) if d == 2
          else sphere.check_coefficients(rho0, "rho0", tol) if d == 3
          else zonal.check_coefficients(rho0, "rho0", tol, d))
     S, K = c.shape[0], c.shape[-1] - 1
-    if scheme not in SCHEMES:
-        raise fail("scheme", f"one of {SCHEMES}", repr(scheme))
     labels = Labels.of(scheme, S, mf.slope) if mf.causal else None
     if labels is not None and (in_s := _label_tail(labels, c, d)) > tol:
         raise fail("rho0", f"densities resolved in s by {S} {scheme} labels (Chebyshev "
