@@ -271,7 +271,7 @@ STEPPERS = {"euler": (euler_step, 1), "rk4": (rk4_step, 4), "geodesic": (geodesi
 
 
 def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, grain,
-           splitting=None, checkpoint=None) -> Solution:
+           splitting=None, checkpoint=None, runner=None) -> Solution:
     step, evals_per_step = STEPPERS[method]
     if splitting is not None:  # Euler on the sublayers in turn (sequential blocks)
         evals_per_step = len(splitting)
@@ -290,7 +290,8 @@ def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, g
         states = [x0]
         x = x0
         for t0, h, m in grid:
-            x = run_steps(partial(step, field), x, t0, h, m, checkpoint, progress)
+            x = run_steps(partial(step, field), x, t0, h, m, checkpoint, progress) \
+                if runner is None else runner(partial(step, field), x, t0, h, m, progress)
             _check_finite(x, t0 + m * h)
             states.append(x)
         states = namespace(x0).stack(states)
@@ -527,6 +528,7 @@ def integrate(
     t0: float = 0.0,
     grain: int = 1,
     checkpoint: int | None = None,
+    runner: Callable[..., np.ndarray] | None = None,
 ) -> Solution:
     """Advance x0 (..., n, d) from time t0 under the `drift` term (and the `noise` term, an
     SDE: methods in `NOISY`, steps of exactly dt); return the states at `times` (strictly
@@ -536,7 +538,9 @@ def integrate(
     "euclidean"). torch tensors step on their device with the `TENSOR_METHODS` (no host copy
     per step; finiteness is checked at the save times), recorded by autograd; `checkpoint`
     (tensors, fixed steps without noise) recomputes chunks of that many steps in the backward
-    pass (`attnflow.checkpointing`)."""
+    pass (`attnflow.checkpointing`); `runner` (tensors, fixed steps without noise) replaces
+    the loop of m steps between save times, called as runner(step, x, t0, h, m, progress)
+    (`attnflow.adjoint.adjoint_runner`: reverse mode by the discrete adjoint)."""
     if not isinstance(drift, Drift):
         raise fail("drift", "an attnflow.integrate.Drift term", type(drift).__name__)
     manifold = as_manifold(manifold)
@@ -545,14 +549,15 @@ def integrate(
         times = np.concatenate([[t0], times])
     sol = _solve(drift.field, x0, times, method, dt, rtol, atol, progress, drift.euler,
                  drift.jacobian, drift.runs_independent, manifold, noise, drift.splitting,
-                 grain, checkpoint)
+                 grain, checkpoint, runner)
     if not keep_start:
         sol.times, sol.states = sol.times[1:], sol.states[1:]
     return sol
 
 
 def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
-           runs_independent, manifold, noise, splitting, grain, checkpoint=None) -> Solution:
+           runs_independent, manifold, noise, splitting, grain, checkpoint=None,
+           runner=None) -> Solution:
     check_tensor_method(x0, method, noise, checkpoint)
     if method == EVENTS:
         raise fail("method", f"one of {METHODS[:-1]} here ({EVENTS!r} integrates hardmax "
@@ -573,7 +578,7 @@ def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
         field = euler_drift
     if method in FIXED_STEP:
         return _fixed(field, x0, times, DEFAULT_DT if dt is None else dt, method, progress,
-                      runs_independent, manifold, grain, splitting, checkpoint)
+                      runs_independent, manifold, grain, splitting, checkpoint, runner)
     rtol = DEFAULT_RTOL if rtol is None else rtol
     atol = DEFAULT_ATOL if atol is None else atol
     if method in IMPLICIT:

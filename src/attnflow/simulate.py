@@ -23,6 +23,7 @@ from attnflow._array import (
 )
 from attnflow._checks import describe, fail, number, positive
 from attnflow._progress import progress_bar
+from attnflow.adjoint import adjoint_runner
 from attnflow.brownian import BrownianPath
 from attnflow.budget import CHUNK_BYTES, Cost, check_budget, run_cost
 from attnflow.events import Switching, integrate_events
@@ -38,6 +39,7 @@ from attnflow.methods import (
     EVENTS,
     FIXED_STEP,
     NOISY,
+    check_gradients,
     check_solver_args,
     check_tensor_method,
 )
@@ -68,6 +70,7 @@ def simulate(
     cluster_tol: float | None = None,
     device: Any = None,
     checkpoint: int | None = None,
+    gradients: str = "backprop",
 ) -> Trajectory:
     """Integrate the dynamics of `model` from tokens x0 up to time t_end.
 
@@ -133,6 +136,11 @@ def simulate(
         (store "states" only; no host-memory estimate or budget applies).
     checkpoint : with tensors and fixed steps: recompute chunks of this many steps in the
         backward pass (`attnflow.checkpointing`): memory for long runs.
+    gradients : how reverse mode differentiates a tensor run: "backprop" (default; torch's
+        graph of every step, forward mode too) or "adjoint" (the discrete adjoint of the
+        fixed steps taken, `attnflow.adjoint`: "euler", "rk4", "geodesic" without noise or
+        checkpoint; the same gradients as "backprop" to round-off, with one state per step
+        held instead of every step's graph, for one more evaluation of each step).
 
     Returns a Trajectory with states of shape (len(save times), ..., n, d) (numpy arrays, or
     tensors on the run's device; `Trajectory.save` writes them as numpy; with
@@ -140,7 +148,7 @@ def simulate(
     Raises ValueError for bad input and `NonFiniteStateError` if a state becomes non-finite.
     """
     plan = _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
-                 brownian_dt, store, device, checkpoint)
+                 brownian_dt, store, device, checkpoint, gradients)
     x0, times, dt, pieces = plan.x0, plan.times, plan.dt, plan.pieces
     tensor = is_tensor(x0)
     cost = None
@@ -156,7 +164,7 @@ def simulate(
         start = time.perf_counter()
         work = _integrate_pieces(pieces, x0, times, method, dt, plan.rtol, plan.atol, report,
                                  model.manifold, plan.sigma, plan.path, plan.level, keep,
-                                 checkpoint)
+                                 checkpoint, plan.runner)
         wall = time.perf_counter() - start
     if not tensor:  # hardmax (the only case it warns of) never runs on tensors
         _warn_if_still(model, x0, work["final"], plan.t_end)
@@ -169,6 +177,8 @@ def simulate(
         integrator.update(device=device_of(x0), dtype=dtype_name(x0))
         if checkpoint is not None:
             integrator["checkpoint"] = int(checkpoint)
+        if plan.runner is not None:
+            integrator["gradients"] = "adjoint"
     if method in FIXED_STEP:
         integrator["dt_min"] = work["dt_min"]
     if method in IMPLICIT:
@@ -217,6 +227,7 @@ class _Plan:
     sigma: float | None = None
     path: BrownianPath | None = None
     level: int | None = None
+    runner: Any = None  # the tensor loop of gradients="adjoint" (`attnflow.adjoint`)
 
 
 def _cluster_tol(model: Model, cluster_tol: Any) -> float:
@@ -230,7 +241,7 @@ def _cluster_tol(model: Model, cluster_tol: Any) -> float:
 
 
 def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
-          brownian_dt, store, device=None, checkpoint=None) -> _Plan:
+          brownian_dt, store, device=None, checkpoint=None, gradients="backprop") -> _Plan:
     """Check simulate's arguments and work out its save times and step."""
     if not isinstance(model, (Block, Stack)):
         raise fail("model", "an attnflow.Attention, Block or Stack", type(model).__name__)
@@ -253,6 +264,9 @@ def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, no
     pieces = segments(model, t_end)
     x0 = on_device(x0, device, tensors_of(model))
     check_tensor_method(x0, method, noise, checkpoint)
+    runner = None
+    if check_gradients(gradients, x0, method, noise, checkpoint) == "adjoint":
+        runner = adjoint_runner(tensors_of(model))
     store = check_store(store)
     if is_tensor(x0) and store != "states":
         raise fail("store", "'states' for torch tensors (the states stay tensors in the "
@@ -277,14 +291,15 @@ def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, no
     layer = pieces[0][2] if pieces else model.layers[0]
     kernel = layer.kernel_for(x0 if method not in IMPLICIT else x0[(0,) * (x0.ndim - 2)])
     return _Plan(x0, t_end, times, dt, rtol, atol, seed, pieces, store, kernel, sigma, path,
-                 level)
+                 level, runner)
 
 
 COUNTS = ("n_evals", "n_steps", "n_rejected", "n_jacobians")  # an integrator's work
 
 
 def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifold, sigma,
-                      path, level, keep: Keep, checkpoint=None) -> dict[str, Any]:
+                      path, level, keep: Keep, checkpoint=None, runner=None
+                      ) -> dict[str, Any]:
     """Integrate layer by layer, each piece with its own field, handing the state at each
     of `times` to `keep`. Fixed-step methods step through a few save times per call
     (`chunk_times`; the same steps as in one call), so that no more than the kept states
@@ -318,6 +333,7 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
         runs = int(np.prod(x.shape[:-2], dtype=int))
         solve = partial(integrate, drift, method=method, dt=dt, rtol=rtol, atol=atol,
                         progress=report, manifold=manifold, checkpoint=checkpoint,
+                        runner=runner,
                         grain=1 if is_tensor(x) else tile_runs(x.dtype, runs))
         if method not in FIXED_STEP:
             sol = solve(x, stops, t0=a)
