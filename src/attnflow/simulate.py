@@ -25,7 +25,15 @@ from attnflow._checks import describe, fail, number, positive
 from attnflow._progress import progress_bar
 from attnflow.adjoint import adjoint_runner
 from attnflow.brownian import BrownianPath
-from attnflow.budget import CHUNK_BYTES, Cost, check_budget, run_cost
+from attnflow.budget import (
+    CHUNK_BYTES,
+    EVALS,
+    Cost,
+    check_budget,
+    check_graph_budget,
+    graph_cost,
+    run_cost,
+)
 from attnflow.events import Switching, integrate_events
 from attnflow.family import Block, Model, Stack, segments
 from attnflow.implicit import IMPLICIT
@@ -156,6 +164,8 @@ def simulate(
         cost = run_cost(model, x0, times, method, plan.store, plan.kernel)
         check_budget(cost, memory_budget, int(np.prod(x0.shape[:-2], dtype=int)),
                      *x0.shape[-2:], x0.dtype)
+    elif plan.runner is None and checkpoint is None and method in EVALS:
+        _check_graph(model, plan, memory_budget)
     keep = Keep(plan.store, len(times), x0, summarize=partial(
         summaries, model, _cluster_tol(model, cluster_tol)) if plan.store == "summaries"
         else None)
@@ -197,6 +207,32 @@ def simulate(
                       wall_time=wall, summaries=kept)
 
 
+def _check_graph(model: Model, plan: _Plan, memory_budget: Any) -> None:
+    """Refuse backpropagation whose graph would exceed the memory budget (`budget.
+    check_graph_budget`: the first layer's field evaluation measured on x0, times the
+    evaluations of every step), where anything is differentiated: grad mode on, and x0 or a
+    tensor of the model requiring grad. Not under torch.func's transforms, whose wrapped
+    tensors have no storage to measure."""
+    import torch
+
+    params = tensors_of(model)
+    x0 = plan.x0
+    if torch._C._functorch.is_functorch_wrapped_tensor(x0) or any(
+            torch._C._functorch.is_functorch_wrapped_tensor(p) for p in params):
+        return
+    if not torch.is_grad_enabled() or not (x0.requires_grad or any(
+            p.requires_grad for p in params)) or not plan.pieces:
+        return
+    layer = plan.pieces[0][2]
+    splitting = layer.splitting(plan.kernel)
+    evals = EVALS[plan.method] if splitting is None else len(splitting)
+    spans = np.diff(np.concatenate([[0.0], plan.times]))
+    steps = int(sum(np.ceil(spans[spans > 0] / plan.dt * (1 - 1e-12))))
+    per_eval = graph_cost(partial(layer.tangent_field, kernel=plan.kernel), x0, params)
+    check_graph_budget(per_eval, evals, steps, len(plan.times) * x0.nbytes,
+                       x0.nbytes, memory_budget, x0.device)
+
+
 def estimate_run(model: Model, x0: Any, t_end: float, save_at: Any = None,
                  method: str = "rk4", dt: float | None = None, rtol: float | None = None,
                  atol: float | None = None, normalize: bool = False, seed: int | None = None,
@@ -228,6 +264,7 @@ class _Plan:
     path: BrownianPath | None = None
     level: int | None = None
     runner: Any = None  # the tensor loop of gradients="adjoint" (`attnflow.adjoint`)
+    method: str = "rk4"
 
 
 def _cluster_tol(model: Model, cluster_tol: Any) -> float:
@@ -291,7 +328,7 @@ def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, no
     layer = pieces[0][2] if pieces else model.layers[0]
     kernel = layer.kernel_for(x0 if method not in IMPLICIT else x0[(0,) * (x0.ndim - 2)])
     return _Plan(x0, t_end, times, dt, rtol, atol, seed, pieces, store, kernel, sigma, path,
-                 level, runner)
+                 level, runner, method)
 
 
 COUNTS = ("n_evals", "n_steps", "n_rejected", "n_jacobians")  # an integrator's work
