@@ -9,6 +9,7 @@ after a warm-up run on a few tokens), with one torch thread.
 
     python benchmarks/adjoint.py                  # backprop and adjoint to t = 1, adjoint to 5
     python benchmarks/adjoint.py --t 5 --t-backprop 5   # backprop at t = 5 too (about 11 GB)
+    python benchmarks/adjoint.py --final --only-adjoint  # the final state saved, adjoint only
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def child(gradients: str, t_end: float, d: int, runs: int, n: int) -> dict:
+def child(gradients: str, t_end: float, d: int, runs: int, n: int, final: bool) -> dict:
     import numpy as np
     import torch
 
@@ -47,7 +48,8 @@ def child(gradients: str, t_end: float, d: int, runs: int, n: int) -> dict:
         return af.Attention(Q, K, V, beta=1.0, mask="causal"), x0, weights
 
     def once(model, x0, weights, t):
-        run = af.simulate(model, x0, t, dt=0.05, method="rk4", gradients=gradients)
+        run = af.simulate(model, x0, t, dt=0.05, method="rk4", gradients=gradients,
+                          save_at=[t] if final else None)
         (run.states[-1] * weights).sum().backward()
         return run
 
@@ -67,7 +69,8 @@ def child(gradients: str, t_end: float, d: int, runs: int, n: int) -> dict:
 
 def measure(gradients: str, t_end: float, args) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", gradients, "--t", str(t_end),
-                          "--d", str(args.d), "--runs", str(args.runs), "--n", str(args.n)],
+                          "--d", str(args.d), "--runs", str(args.runs), "--n", str(args.n)]
+                         + (["--final"] if args.final else []),
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -80,21 +83,32 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=64)
     parser.add_argument("--runs", type=int, default=32)
     parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--final", action="store_true",
+                        help="save the final state only (default: the default save times)")
+    parser.add_argument("--only-adjoint", action="store_true",
+                        help="the adjoint run to --t only (no comparison)")
     parser.add_argument("--child", choices=("backprop", "adjoint"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.t, args.d, args.runs, args.n)))
+        print(json.dumps(child(args.child, args.t, args.d, args.runs, args.n, args.final)))
         return
     print(f"# {platform.processor() or platform.machine()}, load {os.getloadavg()}, "
-          f"d = {args.d}, {args.runs} runs x n = {args.n}, causal, rk4 dt 0.05, 1 thread")
-    rows = [measure("backprop", args.t_backprop, args), measure("adjoint", args.t_backprop, args)]
-    if args.t != args.t_backprop:
-        rows.append(measure("adjoint", args.t, args))
+          f"d = {args.d}, {args.runs} runs x n = {args.n}, causal, rk4 dt 0.05, 1 thread, "
+          + ("the final state saved" if args.final else "the default save times"))
+    if args.only_adjoint:
+        rows = [measure("adjoint", args.t, args)]
+    else:
+        rows = [measure("backprop", args.t_backprop, args),
+                measure("adjoint", args.t_backprop, args)]
+        if args.t != args.t_backprop:
+            rows.append(measure("adjoint", args.t, args))
     for r in rows:
         print(f"{r['gradients']:9s} t = {r['t_end']:g} ({r['steps']} steps, "
               f"{r['save_times']} save times): {r['seconds']:.2f} s, peak above start "
               f"{r['peak_above_start_gb']:.3f} GB, |grad x0| {r['grad_x0_norm']:.12g}, "
               f"|grad Q| {r['grad_Q_norm']:.12g}")
+    if args.only_adjoint:
+        return
     b, a = rows[0], rows[1]
     print(f"adjoint / backprop at t = {args.t_backprop:g}: time {a['seconds'] / b['seconds']:.2f}x,"
           f" memory {a['peak_above_start_gb'] / b['peak_above_start_gb']:.3f}x; "

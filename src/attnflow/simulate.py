@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -54,6 +55,7 @@ from attnflow.methods import (
 from attnflow.savetimes import is_generated, on_step_grid
 from attnflow.sphere import inner
 from attnflow.store import Keep, check_store, summaries
+from attnflow.torchthreads import field_work, run_threads
 from attnflow.trajectory import Trajectory
 
 __all__ = ["check_seed", "estimate_run", "simulate"]
@@ -141,7 +143,10 @@ def simulate(
         tensor. A tensor x0 (or a model with tensor parameters) runs on its device without
         this: "euler", "rk4", "geodesic", "dopri5" and noise step there, recorded by
         autograd (gradients reach x0 and every tensor parameter); the states are tensors
-        (store "states" only; no host-memory estimate or budget applies).
+        (store "states" only; the budget covers the autograd graph of backpropagation). On
+        CPU tensors the run chooses torch's thread count from the problem size
+        (`attnflow.torchthreads`: one thread below 1e9 multiply-adds per field evaluation),
+        restoring the caller's setting after it.
     checkpoint : with tensors and fixed steps: recompute chunks of this many steps in the
         backward pass (`attnflow.checkpointing`): memory for long runs.
     gradients : how reverse mode differentiates a tensor run: "backprop" (default; torch's
@@ -169,8 +174,10 @@ def simulate(
     keep = Keep(plan.store, len(times), x0, summarize=partial(
         summaries, model, _cluster_tol(model, cluster_tol)) if plan.store == "summaries"
         else None)
-    with progress_bar(progress, plan.t_end, "simulating",
-                      "t = {task.completed:.4g}" + f" / {plan.t_end:g}") as report:
+    threads = run_threads(field_work(model, x0)) if tensor and x0.device.type == "cpu" \
+        else nullcontext()
+    with threads, progress_bar(progress, plan.t_end, "simulating",
+                               "t = {task.completed:.4g}" + f" / {plan.t_end:g}") as report:
         start = time.perf_counter()
         work = _integrate_pieces(pieces, x0, times, method, dt, plan.rtol, plan.atol, report,
                                  model.manifold, plan.sigma, plan.path, plan.level, keep,
