@@ -10,6 +10,7 @@ after a warm-up run on a few tokens), with one torch thread.
     python benchmarks/adjoint.py                  # backprop and adjoint to t = 1, adjoint to 5
     python benchmarks/adjoint.py --t 5 --t-backprop 5   # backprop at t = 5 too (about 11 GB)
     python benchmarks/adjoint.py --final --only-adjoint  # the final state saved, adjoint only
+    python benchmarks/adjoint.py --final --only-adjoint --checkpoint 10  # a state per 10 steps
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def child(gradients: str, t_end: float, d: int, runs: int, n: int, final: bool) -> dict:
+def child(gradients: str, t_end: float, d: int, runs: int, n: int, final: bool,
+          checkpoint: int | None) -> dict:
     import numpy as np
     import torch
 
@@ -49,7 +51,8 @@ def child(gradients: str, t_end: float, d: int, runs: int, n: int, final: bool) 
 
     def once(model, x0, weights, t):
         run = af.simulate(model, x0, t, dt=0.05, method="rk4", gradients=gradients,
-                          save_at=[t] if final else None)
+                          save_at=[t] if final else None,
+                          checkpoint=checkpoint if t == t_end else None)
         (run.states[-1] * weights).sum().backward()
         return run
 
@@ -70,7 +73,9 @@ def child(gradients: str, t_end: float, d: int, runs: int, n: int, final: bool) 
 def measure(gradients: str, t_end: float, args) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", gradients, "--t", str(t_end),
                           "--d", str(args.d), "--runs", str(args.runs), "--n", str(args.n)]
-                         + (["--final"] if args.final else []),
+                         + (["--final"] if args.final else [])
+                         + ([] if args.checkpoint is None or gradients != "adjoint"
+                            else ["--checkpoint", str(args.checkpoint)]),
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -85,16 +90,20 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--final", action="store_true",
                         help="save the final state only (default: the default save times)")
+    parser.add_argument("--checkpoint", type=int, default=None,
+                        help="the adjoint runs keep one state per this many steps")
     parser.add_argument("--only-adjoint", action="store_true",
                         help="the adjoint run to --t only (no comparison)")
     parser.add_argument("--child", choices=("backprop", "adjoint"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.t, args.d, args.runs, args.n, args.final)))
+        print(json.dumps(child(args.child, args.t, args.d, args.runs, args.n, args.final,
+                               args.checkpoint)))
         return
     print(f"# {platform.processor() or platform.machine()}, load {os.getloadavg()}, "
           f"d = {args.d}, {args.runs} runs x n = {args.n}, causal, rk4 dt 0.05, 1 thread, "
-          + ("the final state saved" if args.final else "the default save times"))
+          + ("the final state saved" if args.final else "the default save times")
+          + ("" if args.checkpoint is None else f", adjoint checkpoint={args.checkpoint}"))
     if args.only_adjoint:
         rows = [measure("adjoint", args.t, args)]
     else:

@@ -56,13 +56,14 @@ USES = {two_heads: ("x0", "Q", "K", "V", "Q2", "beta", "slopes", "W_up", "W_down
 WEIGHTS = torch.from_numpy(np.random.default_rng(9).standard_normal((3, 2, N, D)))
 
 
-def gradients(build, p: dict, gradients: str, method: str, **options) -> dict:
+def gradients(build, p: dict, gradients: str, method: str, run_options=None,
+              **options) -> dict:
     """d/dparameters of a weighted sum of the states at three save times (between which the
     steps are shortened to meet them), by the given strategy."""
     tensors = {k: torch.tensor(v, requires_grad=True) for k, v in p.items()}
     run = af.simulate(build(tensors, **options), tensors["x0"], 0.73, dt=0.1,
                       save_at=[0.2, 0.45, 0.73], normalize=True, method=method,
-                      gradients=gradients)
+                      gradients=gradients, **(run_options or {}))
     (run.states * WEIGHTS).sum().backward()
     return {k: tensors[k].grad for k in USES[build]}
 
@@ -80,6 +81,16 @@ def test_adjoint_gradients_equal_backpropagation_through_the_same_steps(build, m
         scale = float(g.abs().max())
         assert scale > 0, name
         torch.testing.assert_close(adjoint[name], g, rtol=0, atol=1e-10 * scale, msg=name)
+
+
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_checkpointed_adjoint_gradients_equal_backpropagation(every):
+    p = parameters(5)
+    plain = gradients(two_heads, p, "backprop", "rk4")
+    adjoint = gradients(two_heads, p, "adjoint", "rk4", {"checkpoint": every})
+    for name, g in plain.items():
+        torch.testing.assert_close(adjoint[name], g, rtol=0,
+                                   atol=1e-10 * float(g.abs().max()), msg=name)
 
 
 def test_adjoint_reaches_tensors_a_parameter_was_computed_from():
@@ -102,7 +113,7 @@ def block(Q) -> af.Attention:
                                                                            seed=1))
 
 
-def saved_bytes(gradients: str, steps: int) -> tuple[int, int]:
+def saved_bytes(gradients: str, steps: int, checkpoint: int | None = None) -> tuple[int, int]:
     """Bytes the graph of a run of `steps` rk4 steps holds for the backward pass once the run
     has returned (the storages of the saved tensors still alive, each once), and one state's
     bytes."""
@@ -117,7 +128,7 @@ def saved_bytes(gradients: str, steps: int) -> tuple[int, int]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run = af.simulate(block(Q), x0, steps * 0.05, dt=0.05, save_at=[steps * 0.05],
-                          gradients=gradients)
+                          gradients=gradients, checkpoint=checkpoint)
     alive = [ref() for ref in saved]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for t in alive if t is not None}
@@ -132,6 +143,8 @@ def test_the_adjoint_keeps_one_state_per_step_and_backprop_every_steps_graph():
         per_step[strategy] = (long - short) / 10
     assert per_step["adjoint"] == state  # the starting state of each step, nothing else
     assert per_step["backprop"] > 10 * state  # every stage's queries, keys, MLP, ...
+    # with checkpoint=5, one state per 5 steps
+    assert (saved_bytes("adjoint", 20, 5)[0] - saved_bytes("adjoint", 10, 5)[0]) == 2 * state
 
 
 def test_adjoint_states_are_those_of_the_plain_run_and_recorded():
@@ -159,8 +172,8 @@ def test_gradients_arguments_are_checked_in_one_line():
          r"^method: expected one of \('euler', 'rk4', 'geodesic'\) with gradients='adjoint'"),
         ({"gradients": "adjoint", "method": "euler", "noise": 0.1, "seed": 1}, t,
          r"^noise: expected None with gradients='adjoint'"),
-        ({"gradients": "adjoint", "checkpoint": 4}, t,
-         r"^checkpoint: expected None with gradients='adjoint'"),
+        ({"gradients": "adjoint", "checkpoint": 0}, t,
+         r"^checkpoint: expected None or a number of steps per chunk >= 1"),
     ]
     for kwargs, tokens, message in cases:
         with pytest.raises(ValueError, match=message):

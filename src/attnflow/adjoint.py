@@ -19,7 +19,9 @@ forward arithmetic on the same inputs, so the gradients equal backpropagation th
 steps up to the order in which the per-step parameter gradients are summed (float64: 1e-13
 relative in tests/test_adjoint.py). Memory: one state per step plus one step's graph at a
 time; time: one more evaluation of each step than backpropagation (the forward pass without
-a graph, then each step again with one).
+a graph, then each step again with one). With ``checkpoint=c`` only every c-th step's
+starting state is kept, the others recomputed stretch by stretch in the backward pass (one
+more pass without a graph).
 
 The parameters are the tensors the step reads that require grad (`attnflow._array.tensors_of`
 of the model: heads, beta, strength, slopes, norms, MLP weights, memory tokens): they enter
@@ -41,19 +43,23 @@ __all__ = ["Runner", "adjoint_runner", "run_steps"]
 Runner = Callable[..., Any]
 
 
-def adjoint_runner(params: Sequence[Any]) -> Runner:
+def adjoint_runner(params: Sequence[Any], every: int | None = None) -> Runner:
     """The tensor loop that differentiates by the discrete adjoint, with gradients for the
-    tensors `params` (those not requiring grad are skipped)."""
-    return partial(run_steps, params=tuple(params))
+    tensors `params` (those not requiring grad are skipped); with `every`, keeping only
+    every `every`-th step's starting state (`run_steps`)."""
+    return partial(run_steps, params=tuple(params), every=every)
 
 
 def run_steps(step: Callable[[Any, float], Any], x: Any, t0: float, h: float, m: int,
-              progress: Callable[[float], None] | None, params: tuple[Any, ...] = ()
-              ) -> Any:
+              progress: Callable[[float], None] | None, params: tuple[Any, ...] = (),
+              every: int | None = None) -> Any:
     """m steps x <- step(x, h) from time t0 (progress gets the time after each), recorded for
     reverse mode as one node whose backward pass is the discrete adjoint of the m steps
-    (module docstring). Without anything to differentiate (no grad mode, or neither x nor a
-    parameter requiring grad) the steps run as they are."""
+    (module docstring). With `every` = c, only the starting states of steps 0, c, 2c, ...
+    are kept and the backward pass recomputes the others of each stretch of c steps (no
+    graph) before walking it in reverse: m / c + c states held for one more pass of compute.
+    Without anything to differentiate (no grad mode, or neither x nor a parameter requiring
+    grad) the steps run as they are."""
     import torch
 
     wanted = tuple(p for p in params if p.requires_grad)
@@ -63,7 +69,7 @@ def run_steps(step: Callable[[Any, float], Any], x: Any, t0: float, h: float, m:
             if progress is not None:
                 progress(t0 + (i + 1) * h)
         return x
-    return _adjoint_function().apply(step, h, m, t0, progress, x, *wanted)
+    return _adjoint_function().apply(step, h, m, every or 1, t0, progress, x, *wanted)
 
 
 _FUNCTION: Any = None
@@ -81,15 +87,16 @@ def _adjoint_function() -> Any:
         backward one step's graph at a time, in reverse."""
 
         @staticmethod
-        def forward(ctx: Any, step: Callable, h: float, m: int, t0: float,
+        def forward(ctx: Any, step: Callable, h: float, m: int, every: int, t0: float,
                     progress: Callable | None, x: Any, *params: Any) -> Any:
-            starts = []
+            starts = []  # the starting states of steps 0, every, 2 every, ...
             for i in range(m):
-                starts.append(x)
+                if i % every == 0:
+                    starts.append(x)
                 x = step(x, h)
                 if progress is not None:
                     progress(t0 + (i + 1) * h)
-            ctx.step, ctx.h, ctx.params = step, h, params
+            ctx.step, ctx.h, ctx.m, ctx.every, ctx.params = step, h, m, every, params
             ctx.save_for_backward(*starts)
             return x
 
@@ -97,15 +104,20 @@ def _adjoint_function() -> Any:
         def backward(ctx: Any, cotangent: Any) -> tuple[Any, ...]:
             params = ctx.params
             totals: list[Any] = [None] * len(params)
-            for start in reversed(ctx.saved_tensors):
-                with torch.enable_grad():
-                    x = start.detach().requires_grad_(True)
-                    y = ctx.step(x, ctx.h)
-                grads = torch.autograd.grad(y, (x, *params), cotangent, allow_unused=True)
-                cotangent = grads[0]
-                totals = [t if g is None else g if t is None else t + g
-                          for t, g in zip(totals, grads[1:])]
-            return (None, None, None, None, None, cotangent, *totals)
+            kept = ctx.saved_tensors
+            for j in reversed(range(len(kept))):
+                stretch = [kept[j]]  # the stretch's starting states, recomputed without graph
+                for _ in range(min(ctx.every, ctx.m - j * ctx.every) - 1):
+                    stretch.append(ctx.step(stretch[-1], ctx.h))
+                for start in reversed(stretch):
+                    with torch.enable_grad():
+                        x = start.detach().requires_grad_(True)
+                        y = ctx.step(x, ctx.h)
+                    grads = torch.autograd.grad(y, (x, *params), cotangent, allow_unused=True)
+                    cotangent = grads[0]
+                    totals = [t if g is None else g if t is None else t + g
+                              for t, g in zip(totals, grads[1:])]
+            return (None, None, None, None, None, None, cotangent, *totals)
 
     _FUNCTION = Steps
     return Steps

@@ -59,10 +59,9 @@ def check_tensor_method(x0: Any, method: str, noise: Any = None, checkpoint: Any
                    "deterministic fixed steps)", repr(checkpoint))
 
 
-def check_gradients(gradients: Any, x0: Any, method: str, noise: Any = None,
-                    checkpoint: Any = None) -> str:
+def check_gradients(gradients: Any, x0: Any, method: str, noise: Any = None) -> str:
     """The reverse-mode strategy (`GRADIENTS`) checked against the run: "adjoint" needs torch
-    tensors and a fixed-step method without noise or checkpointing. Returns it."""
+    tensors and a fixed-step method without noise. Returns it."""
     if not isinstance(gradients, str) or gradients not in GRADIENTS:
         raise fail("gradients", f"one of {GRADIENTS}", repr(gradients))
     if gradients == "backprop":
@@ -78,9 +77,6 @@ def check_gradients(gradients: Any, x0: Any, method: str, noise: Any = None,
     if noise is not None:
         raise fail("noise", "None with gradients='adjoint' (it re-runs deterministic steps; "
                    "gradients='backprop' differentiates noisy runs)", repr(noise))
-    if checkpoint is not None:
-        raise fail("checkpoint", "None with gradients='adjoint' (the adjoint keeps one state "
-                   "per step and recomputes each step already)", repr(checkpoint))
     return gradients
 
 

@@ -151,9 +151,10 @@ def simulate(
         backward pass (`attnflow.checkpointing`): memory for long runs.
     gradients : how reverse mode differentiates a tensor run: "backprop" (default; torch's
         graph of every step, forward mode too) or "adjoint" (the discrete adjoint of the
-        fixed steps taken, `attnflow.adjoint`: "euler", "rk4", "geodesic" without noise or
-        checkpoint; the same gradients as "backprop" to round-off, with one state per step
-        held instead of every step's graph, for one more evaluation of each step).
+        fixed steps taken, `attnflow.adjoint`: "euler", "rk4", "geodesic" without noise; the
+        same gradients as "backprop" to round-off, with one state per step held instead of
+        every step's graph, for one more evaluation of each step; with checkpoint=c one
+        state per c steps, the others recomputed in the backward pass).
 
     Returns a Trajectory with states of shape (len(save times), ..., n, d) (numpy arrays, or
     tensors on the run's device; `Trajectory.save` writes them as numpy; with
@@ -309,8 +310,8 @@ def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, no
     x0 = on_device(x0, device, tensors_of(model))
     check_tensor_method(x0, method, noise, checkpoint)
     runner = None
-    if check_gradients(gradients, x0, method, noise, checkpoint) == "adjoint":
-        runner = adjoint_runner(tensors_of(model))
+    if check_gradients(gradients, x0, method, noise) == "adjoint":
+        runner = adjoint_runner(tensors_of(model), checkpoint)
     store = check_store(store)
     if is_tensor(x0) and store != "states":
         raise fail("store", "'states' for torch tensors (the states stay tensors in the "
