@@ -143,7 +143,8 @@ def simulate(
         tensor. A tensor x0 (or a model with tensor parameters) runs on its device without
         this: "euler", "rk4", "geodesic", "dopri5" and noise step there, recorded by
         autograd (gradients reach x0 and every tensor parameter); the states are tensors
-        (store "states" only; the budget covers the autograd graph of backpropagation). On
+        (store "states" only; the budget covers the autograd graph of backpropagation
+        through fixed steps without checkpoint, `attnflow.budget.graph_cost`). On
         CPU tensors the run chooses torch's thread count from the problem size
         (`attnflow.torchthreads`: one thread below 1e9 multiply-adds per field evaluation),
         restoring the caller's setting after it.
