@@ -96,6 +96,25 @@ def test_the_field_traces_into_one_graph():
     assert explained.graph_count == 1
 
 
+@pytest.mark.slow  # two compilations: minutes on a loaded CPU
+@pytest.mark.parametrize("step", ["rk4_step", "geodesic_step"])
+def test_the_fixed_step_loop_traces_into_one_graph(step):
+    from functools import partial
+
+    from attnflow import integrate as integrators
+    from attnflow.checkpointing import run_steps
+    from attnflow.manifolds import SPHERE
+
+    model = af.Attention(beta=2.0, mask="causal", alibi=0.5,
+                         mlp=af.MLP.random(4, 8, "gelu", seed=1))
+    x = torch.from_numpy(uniform((2, 16), 4, seed=0))
+    field = partial(model.tangent_field, kernel=model.kernel_for(x))
+    one_step = partial(getattr(integrators, step), field, manifold=SPHERE)
+    explained = torch._dynamo.explain(
+        lambda X: run_steps(one_step, X, 0.0, 0.05, 3, None, None))(x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
 def test_the_thread_rule_by_size():
     rule = torchthreads.threads_for
     small = torchthreads.MIN_WORK_PER_THREAD - 1
