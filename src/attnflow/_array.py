@@ -15,6 +15,7 @@ them. torch is imported only when a tensor is seen (it stays an optional depende
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -26,9 +27,20 @@ __all__ = ["arange", "check_parameter", "check_tokens", "device_of", "dtype_name
            "tensor_scalar", "tensors_of", "to_numpy"]
 
 
+_TENSOR: Any = None  # torch.Tensor, once torch has been imported
+
+
 def is_tensor(x: Any) -> bool:
-    """True for a torch tensor (checked without importing torch)."""
-    return type(x).__module__.startswith("torch") and hasattr(x, "requires_grad")
+    """True for a torch tensor (checked without importing torch: before torch is in
+    sys.modules no tensor exists). An isinstance test, which torch.compile traces without a
+    graph break."""
+    global _TENSOR
+    if _TENSOR is None:
+        torch = sys.modules.get("torch")
+        if torch is None or not hasattr(torch, "Tensor"):
+            return False
+        _TENSOR = torch.Tensor
+    return isinstance(x, _TENSOR)
 
 
 def namespace(*xs: Any) -> Any:

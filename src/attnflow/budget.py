@@ -31,8 +31,9 @@ import numpy as np
 
 from attnflow._checks import fail
 
-__all__ = ["BUDGET_FRACTION", "CHUNK_BYTES", "PROBE", "PROBE_QUADRATIC", "STAGES", "Cost",
-           "available_memory", "check_budget", "run_cost"]
+__all__ = ["BUDGET_FRACTION", "CHUNK_BYTES", "EVALS", "PROBE", "PROBE_QUADRATIC", "STAGES",
+           "Cost", "available_memory", "check_budget", "check_graph_budget", "graph_cost",
+           "run_cost"]
 
 BUDGET_FRACTION = 0.8  # of the available memory: the default budget
 CHUNK_BYTES = 64 << 20  # states a fixed-step method returns per call (simulate.chunk_times)
@@ -45,6 +46,9 @@ PROBE_QUADRATIC = 1024
 # geodesic also the chart's point, velocity and pulled-back field; dopri5 seven stages, the
 # new state, its error and scale; Euler the new state; the implicit methods (run by run)
 # scipy's few copies. Fixed-step methods add the states of one chunk (`CHUNK_BYTES`).
+# Field evaluations per step of the fixed-step methods (a block in sequential form: one per
+# sublayer, at most two).
+EVALS = {"euler": 1, "rk4": 4, "geodesic": 4}
 STAGES = {"euler": 2, "rk4": 4, "geodesic": 9, "dopri5": 11, "events": 6,
           "bdf": 4, "radau": 6, "lsoda": 4}
 
@@ -119,9 +123,14 @@ def _field_peak(model: Any, x0: np.ndarray, kernel: Any, method: str) -> int:
     return int(peak * (n / m) ** (2 if quadratic else 1))
 
 
-def available_memory() -> int:
-    """Bytes of memory available to a new run: psutil's `available` (free plus reclaimable
-    caches) where psutil is installed, else the free pages (os.sysconf)."""
+def available_memory(device: Any = None) -> int:
+    """Bytes of memory available to a new run: on a CUDA device torch's free device memory;
+    on the host psutil's `available` (free plus reclaimable caches) where psutil is
+    installed, else the free pages (os.sysconf)."""
+    if device is not None and getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        return int(torch.cuda.mem_get_info(device)[0])
     try:
         import psutil
     except ImportError:
@@ -129,18 +138,22 @@ def available_memory() -> int:
     return int(psutil.virtual_memory().available)
 
 
+def _limit(budget: Any, device: Any = None) -> tuple[float, str]:
+    """The budget in bytes and whose it is (None: `BUDGET_FRACTION` of the available)."""
+    if budget is None:
+        return (BUDGET_FRACTION * available_memory(device),
+                f"{BUDGET_FRACTION:.0%} of the memory available now, the default")
+    if isinstance(budget, (bool, np.bool_)) or not isinstance(
+            budget, (int, float, np.integer, np.floating)) or not budget > 0:
+        raise fail("memory_budget", "a number of bytes > 0 (or None: "
+                   f"{BUDGET_FRACTION:.0%} of the available memory)", repr(budget))
+    return float(budget), "the budget given"
+
+
 def check_budget(cost: Cost, budget: Any, runs: int, n: int, d: int, dtype: Any) -> None:
     """Refuse, in one line naming the cheaper choices, a run whose estimated peak memory
     exceeds `budget` (bytes; None: `BUDGET_FRACTION` of `available_memory()`)."""
-    if budget is None:
-        limit = BUDGET_FRACTION * available_memory()
-        whose = f"{BUDGET_FRACTION:.0%} of the memory available now, the default"
-    else:
-        if isinstance(budget, (bool, np.bool_)) or not isinstance(
-                budget, (int, float, np.integer, np.floating)) or not budget > 0:
-            raise fail("memory_budget", "a number of bytes > 0 (or None: "
-                       f"{BUDGET_FRACTION:.0%} of the available memory)", repr(budget))
-        limit, whose = float(budget), "the budget given"
+    limit, whose = _limit(budget)
     if cost.memory <= limit:
         return
     raise fail("memory_budget", f"a run within {_size(limit)} ({whose}; raise it with "
@@ -149,6 +162,44 @@ def check_budget(cost: Cost, budget: Any, runs: int, n: int, d: int, dtype: Any)
                f"({np.dtype(dtype).name}) with an estimated {cost.describe()}; cheaper: "
                "fewer save times (save_at), store='float32' (half the states) or "
                "store='summaries' (moments, cluster counts, energy per save time)")
+
+
+def graph_cost(field: Any, x0: Any, params: list[Any]) -> int:
+    """Bytes that one evaluation of `field` at the tensor x0 leaves in torch's autograd graph
+    for the backward pass: the storages of the tensors it saves (each once; x0's and the
+    parameters' own not counted, they exist anyway), measured by running it once under
+    `torch.autograd.graph.saved_tensors_hooks` with nothing actually kept."""
+    import torch
+
+    existing = {t.untyped_storage().data_ptr() for t in (x0, *params)}
+    saved: dict[int, int] = {}
+
+    def pack(t: Any) -> None:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in existing:
+            saved[storage.data_ptr()] = storage.nbytes()
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None):
+        field(x0 if x0.requires_grad else x0.detach().requires_grad_(True))
+    return sum(saved.values())
+
+
+def check_graph_budget(per_eval: int, evals: int, steps: int, kept: int, state: int,
+                       budget: Any, device: Any) -> None:
+    """Refuse, in one line naming the cheaper choices, backpropagation through `steps` fixed
+    steps whose graph (`evals` field evaluations of `per_eval` bytes per step, `graph_cost`,
+    plus the step's stage states) and `kept` bytes of saved states exceed `budget` (bytes;
+    None: `BUDGET_FRACTION` of the memory available on `device`)."""
+    graph = steps * (evals * per_eval + (evals + 1) * state)
+    limit, whose = _limit(budget, device)
+    if graph + kept <= limit:
+        return
+    raise fail("memory_budget", f"a run within {_size(limit)} ({whose}; raise it with "
+               "memory_budget=BYTES)",
+               f"backpropagation through {steps} steps holding an estimated {_size(graph)} of "
+               f"autograd graph beside {_size(kept)} of states; cheaper: gradients='adjoint' "
+               f"(the same gradients holding one state per step, about {_size(steps * state)})"
+               " or checkpoint=STEPS (chunks recomputed in the backward pass)")
 
 
 def _size(nbytes: float) -> str:

@@ -48,6 +48,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, partial
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -271,7 +272,7 @@ STEPPERS = {"euler": (euler_step, 1), "rk4": (rk4_step, 4), "geodesic": (geodesi
 
 
 def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, grain,
-           splitting=None, checkpoint=None) -> Solution:
+           splitting=None, checkpoint=None, runner=None) -> Solution:
     step, evals_per_step = STEPPERS[method]
     if splitting is not None:  # Euler on the sublayers in turn (sequential blocks)
         evals_per_step = len(splitting)
@@ -286,13 +287,16 @@ def _fixed(field, x0, times, dt, method, progress, runs_independent, manifold, g
         m = max(1, math.ceil(span / dt * (1 - 1e-12))) if span > 0 else 0
         grid.append((t0, float(span / m) if m else 0.0, m))  # Python floats keep float32
     n_steps = sum(m for _, _, m in grid)
-    if is_tensor(x0):  # on the tensor's device: no host copy; finiteness at the save times
+    if is_tensor(x0):  # on the tensor's device: no host copy; finiteness read at the end
         states = [x0]
         x = x0
+        finite = DeviceFinite()
         for t0, h, m in grid:
-            x = run_steps(partial(step, field), x, t0, h, m, checkpoint, progress)
-            _check_finite(x, t0 + m * h)
+            x = run_steps(partial(step, field), x, t0, h, m, checkpoint, progress) \
+                if runner is None else runner(partial(step, field), x, t0, h, m, progress)
+            finite.add(x, t0 + m * h)
             states.append(x)
+        finite.check()
         states = namespace(x0).stack(states)
     elif runs_independent and x0.ndim > 2:
         states = step_pieces(partial(step, field), x0, grid, progress, grain)
@@ -327,6 +331,7 @@ def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
     x = x0
     s = noise.first_step
     n_steps = 0
+    finite = DeviceFinite()
     step = partial(_noisy_step, drift, field, sigma=noise.sigma, method=method,
                    manifold=manifold)
     for t0, t1 in zip(times[:-1], times[1:]):
@@ -357,8 +362,9 @@ def _stochastic(field, drift, x0, times, dt, method, progress, manifold, noise,
             if progress is not None:
                 progress(t0 + (i + 1) * dt)
         if is_tensor(x):
-            _check_finite(x, t1)
+            finite.add(x, t1)
         states.append(x)
+    finite.check()
     return Solution(np.asarray(times), namespace(x0).stack(states), n_steps, n_steps, 0,
                     h_min=dt if n_steps else None)
 
@@ -496,6 +502,41 @@ def _initial_step(field, x, f, rtol, atol) -> float:
     return float(min(100 * h0, h1))
 
 
+class DeviceFinite:
+    """Finiteness of a tensor run's saved states without a host sync per save time: for
+    each run the index of the first save time at which its state was non-finite, kept as an
+    integer tensor on the states' device (-1 while finite) and read by the host once, in
+    `check` (the integrators call it at the end of each `integrate` call: `simulate` makes
+    one per layer and per `budget.CHUNK_BYTES` of states). The error names the earliest such
+    save time and every run non-finite then, as a check at every save time would."""
+
+    def __init__(self) -> None:
+        self.first: Any = None
+        self.times: list[float] = []
+
+    def add(self, x: Any, t: float) -> None:
+        """Note the state x (..., n, d) at save time t (device operations only)."""
+        import torch
+
+        with torch.no_grad():
+            bad = ~torch.isfinite(x).all(-1).all(-1)
+            if self.first is None:
+                self.first = torch.full(bad.shape, -1, dtype=torch.int64, device=bad.device)
+            self.first = torch.where(bad & (self.first < 0), len(self.times), self.first)
+        self.times.append(t)
+
+    def check(self) -> None:
+        """Raise `NonFiniteStateError` at the earliest save time a state was non-finite."""
+        if self.first is None:
+            return
+        if bool((self.first < 0).all()):  # the one read on the host (torch.func's wrapped
+            return  # tensors, which have no storage, read a scalar too)
+        first = np.asarray(self.first.tolist())
+        k = int(first[first >= 0].min())
+        runs = [tuple(int(i) for i in idx) for idx in np.argwhere(first == k)]
+        raise NonFiniteStateError(float(self.times[k]), runs or [()])
+
+
 def _check_finite(x: np.ndarray, t: float) -> None:
     if is_tensor(x):
         import torch
@@ -527,6 +568,7 @@ def integrate(
     t0: float = 0.0,
     grain: int = 1,
     checkpoint: int | None = None,
+    runner: Callable[..., np.ndarray] | None = None,
 ) -> Solution:
     """Advance x0 (..., n, d) from time t0 under the `drift` term (and the `noise` term, an
     SDE: methods in `NOISY`, steps of exactly dt); return the states at `times` (strictly
@@ -534,9 +576,12 @@ def integrate(
     which solve run by run, the counts are averages per run. Independent runs are stepped
     in shares that are multiples of `grain` runs. `manifold` is a `Manifold` (or "sphere",
     "euclidean"). torch tensors step on their device with the `TENSOR_METHODS` (no host copy
-    per step; finiteness is checked at the save times), recorded by autograd; `checkpoint`
-    (tensors, fixed steps without noise) recomputes chunks of that many steps in the backward
-    pass (`attnflow.checkpointing`)."""
+    per step; the fixed steps' finiteness at the save times is read once at the end,
+    `DeviceFinite`), recorded by autograd; `checkpoint` (tensors, fixed steps without
+    noise) recomputes chunks of that many steps in the backward
+    pass (`attnflow.checkpointing`); `runner` (tensors, fixed steps without noise) replaces
+    the loop of m steps between save times, called as runner(step, x, t0, h, m, progress)
+    (`attnflow.adjoint.adjoint_runner`: reverse mode by the discrete adjoint)."""
     if not isinstance(drift, Drift):
         raise fail("drift", "an attnflow.integrate.Drift term", type(drift).__name__)
     manifold = as_manifold(manifold)
@@ -545,14 +590,15 @@ def integrate(
         times = np.concatenate([[t0], times])
     sol = _solve(drift.field, x0, times, method, dt, rtol, atol, progress, drift.euler,
                  drift.jacobian, drift.runs_independent, manifold, noise, drift.splitting,
-                 grain, checkpoint)
+                 grain, checkpoint, runner)
     if not keep_start:
         sol.times, sol.states = sol.times[1:], sol.states[1:]
     return sol
 
 
 def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
-           runs_independent, manifold, noise, splitting, grain, checkpoint=None) -> Solution:
+           runs_independent, manifold, noise, splitting, grain, checkpoint=None,
+           runner=None) -> Solution:
     check_tensor_method(x0, method, noise, checkpoint)
     if method == EVENTS:
         raise fail("method", f"one of {METHODS[:-1]} here ({EVENTS!r} integrates hardmax "
@@ -573,7 +619,7 @@ def _solve(field, x0, times, method, dt, rtol, atol, progress, drift, jacobian,
         field = euler_drift
     if method in FIXED_STEP:
         return _fixed(field, x0, times, DEFAULT_DT if dt is None else dt, method, progress,
-                      runs_independent, manifold, grain, splitting, checkpoint)
+                      runs_independent, manifold, grain, splitting, checkpoint, runner)
     rtol = DEFAULT_RTOL if rtol is None else rtol
     atol = DEFAULT_ATOL if atol is None else atol
     if method in IMPLICIT:

@@ -13,9 +13,9 @@ from attnflow._checks import describe, fail, finite_array, nonnegative, positive
 from attnflow.implicit import IMPLICIT
 from attnflow.savetimes import as_times
 
-__all__ = ["DEFAULT_ATOL", "DEFAULT_DT", "DEFAULT_RTOL", "EVENTS", "FIXED_STEP", "MAX_STEPS",
-           "METHODS", "NOISY", "SPHERE_ONLY", "TENSOR_METHODS", "check_solver_args",
-           "check_tensor_method"]
+__all__ = ["DEFAULT_ATOL", "DEFAULT_DT", "DEFAULT_RTOL", "EVENTS", "FIXED_STEP", "GRADIENTS",
+           "MAX_STEPS", "METHODS", "NOISY", "SPHERE_ONLY", "TENSOR_METHODS", "check_gradients",
+           "check_solver_args", "check_tensor_method"]
 
 EVENTS = "events"  # hardmax (beta = +-inf) only: RK4 with located leader changes (events.py)
 METHODS = ("euler", "rk4", "geodesic", "dopri5", *IMPLICIT, EVENTS)
@@ -24,6 +24,9 @@ NOISY = ("euler", "geodesic")  # the methods that take noise
 SPHERE_ONLY = ("geodesic",)
 TENSOR_METHODS = ("euler", "rk4", "geodesic", "dopri5")  # the methods that step torch tensors
 DEFAULT_DT = 0.05
+# How reverse mode differentiates a tensor run: torch's graph of every step, or the discrete
+# adjoint of the fixed steps (`attnflow.adjoint`: one state per step, a step recomputed).
+GRADIENTS = ("backprop", "adjoint")
 # The most steps a run may ask for (`check_solver_args`): t_end / dt for the fixed-step
 # methods; the adaptive and implicit ones, whose step count is only known as they go, take
 # t_end <= MAX_STEPS * DEFAULT_DT (5e6 layers: beyond any horizon the recipes use, 1e4).
@@ -54,6 +57,27 @@ def check_tensor_method(x0: Any, method: str, noise: Any = None, checkpoint: Any
     if checkpoint is not None and (method == "dopri5" or noise is not None):
         raise fail("checkpoint", "None with dopri5 and with noise (checkpointing chunks the "
                    "deterministic fixed steps)", repr(checkpoint))
+
+
+def check_gradients(gradients: Any, x0: Any, method: str, noise: Any = None) -> str:
+    """The reverse-mode strategy (`GRADIENTS`) checked against the run: "adjoint" needs torch
+    tensors and a fixed-step method without noise. Returns it."""
+    if not isinstance(gradients, str) or gradients not in GRADIENTS:
+        raise fail("gradients", f"one of {GRADIENTS}", repr(gradients))
+    if gradients == "backprop":
+        return gradients
+    if not is_tensor(x0):
+        raise fail("gradients", "'backprop' for numpy arrays (the adjoint is torch's reverse "
+                   "mode: pass x0 as a tensor)", repr(gradients))
+    fixed = tuple(m for m in FIXED_STEP if m != EVENTS)
+    if method not in fixed:
+        raise fail("method", f"one of {fixed} with gradients='adjoint' (the discrete adjoint "
+                   "re-runs fixed steps; gradients='backprop' differentiates "
+                   f"{method!r})", repr(method))
+    if noise is not None:
+        raise fail("noise", "None with gradients='adjoint' (it re-runs deterministic steps; "
+                   "gradients='backprop' differentiates noisy runs)", repr(noise))
+    return gradients
 
 
 def check_solver_args(

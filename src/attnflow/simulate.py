@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -23,8 +24,17 @@ from attnflow._array import (
 )
 from attnflow._checks import describe, fail, number, positive
 from attnflow._progress import progress_bar
+from attnflow.adjoint import adjoint_runner
 from attnflow.brownian import BrownianPath
-from attnflow.budget import CHUNK_BYTES, Cost, check_budget, run_cost
+from attnflow.budget import (
+    CHUNK_BYTES,
+    EVALS,
+    Cost,
+    check_budget,
+    check_graph_budget,
+    graph_cost,
+    run_cost,
+)
 from attnflow.events import Switching, integrate_events
 from attnflow.family import Block, Model, Stack, segments
 from attnflow.implicit import IMPLICIT
@@ -38,12 +48,14 @@ from attnflow.methods import (
     EVENTS,
     FIXED_STEP,
     NOISY,
+    check_gradients,
     check_solver_args,
     check_tensor_method,
 )
 from attnflow.savetimes import is_generated, on_step_grid
 from attnflow.sphere import inner
 from attnflow.store import Keep, check_store, summaries
+from attnflow.torchthreads import field_work, run_threads
 from attnflow.trajectory import Trajectory
 
 __all__ = ["check_seed", "estimate_run", "simulate"]
@@ -68,6 +80,7 @@ def simulate(
     cluster_tol: float | None = None,
     device: Any = None,
     checkpoint: int | None = None,
+    gradients: str = "backprop",
 ) -> Trajectory:
     """Integrate the dynamics of `model` from tokens x0 up to time t_end.
 
@@ -130,9 +143,19 @@ def simulate(
         tensor. A tensor x0 (or a model with tensor parameters) runs on its device without
         this: "euler", "rk4", "geodesic", "dopri5" and noise step there, recorded by
         autograd (gradients reach x0 and every tensor parameter); the states are tensors
-        (store "states" only; no host-memory estimate or budget applies).
+        (store "states" only; the budget covers the autograd graph of backpropagation
+        through fixed steps without checkpoint, `attnflow.budget.graph_cost`). On
+        CPU tensors the run chooses torch's thread count from the problem size
+        (`attnflow.torchthreads`: one thread below 1e9 multiply-adds per field evaluation),
+        restoring the caller's setting after it.
     checkpoint : with tensors and fixed steps: recompute chunks of this many steps in the
         backward pass (`attnflow.checkpointing`): memory for long runs.
+    gradients : how reverse mode differentiates a tensor run: "backprop" (default; torch's
+        graph of every step, forward mode too) or "adjoint" (the discrete adjoint of the
+        fixed steps taken, `attnflow.adjoint`: "euler", "rk4", "geodesic" without noise; the
+        same gradients as "backprop" to round-off, with one state per step held instead of
+        every step's graph, for one more evaluation of each step; with checkpoint=c one
+        state per c steps, the others recomputed in the backward pass).
 
     Returns a Trajectory with states of shape (len(save times), ..., n, d) (numpy arrays, or
     tensors on the run's device; `Trajectory.save` writes them as numpy; with
@@ -140,7 +163,7 @@ def simulate(
     Raises ValueError for bad input and `NonFiniteStateError` if a state becomes non-finite.
     """
     plan = _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
-                 brownian_dt, store, device, checkpoint)
+                 brownian_dt, store, device, checkpoint, gradients)
     x0, times, dt, pieces = plan.x0, plan.times, plan.dt, plan.pieces
     tensor = is_tensor(x0)
     cost = None
@@ -148,15 +171,19 @@ def simulate(
         cost = run_cost(model, x0, times, method, plan.store, plan.kernel)
         check_budget(cost, memory_budget, int(np.prod(x0.shape[:-2], dtype=int)),
                      *x0.shape[-2:], x0.dtype)
+    elif plan.runner is None and checkpoint is None and method in EVALS:
+        _check_graph(model, plan, memory_budget)
     keep = Keep(plan.store, len(times), x0, summarize=partial(
         summaries, model, _cluster_tol(model, cluster_tol)) if plan.store == "summaries"
         else None)
-    with progress_bar(progress, plan.t_end, "simulating",
-                      "t = {task.completed:.4g}" + f" / {plan.t_end:g}") as report:
+    threads = run_threads(field_work(model, x0)) if tensor and x0.device.type == "cpu" \
+        else nullcontext()
+    with threads, progress_bar(progress, plan.t_end, "simulating",
+                               "t = {task.completed:.4g}" + f" / {plan.t_end:g}") as report:
         start = time.perf_counter()
         work = _integrate_pieces(pieces, x0, times, method, dt, plan.rtol, plan.atol, report,
                                  model.manifold, plan.sigma, plan.path, plan.level, keep,
-                                 checkpoint)
+                                 checkpoint, plan.runner)
         wall = time.perf_counter() - start
     if not tensor:  # hardmax (the only case it warns of) never runs on tensors
         _warn_if_still(model, x0, work["final"], plan.t_end)
@@ -169,6 +196,8 @@ def simulate(
         integrator.update(device=device_of(x0), dtype=dtype_name(x0))
         if checkpoint is not None:
             integrator["checkpoint"] = int(checkpoint)
+        if plan.runner is not None:
+            integrator["gradients"] = "adjoint"
     if method in FIXED_STEP:
         integrator["dt_min"] = work["dt_min"]
     if method in IMPLICIT:
@@ -185,6 +214,32 @@ def simulate(
     return Trajectory(times=keep.kept_times(times), states=keep.states, model=model,
                       integrator=integrator, seed=plan.seed, n_evals=work["n_evals"],
                       wall_time=wall, summaries=kept)
+
+
+def _check_graph(model: Model, plan: _Plan, memory_budget: Any) -> None:
+    """Refuse backpropagation whose graph would exceed the memory budget (`budget.
+    check_graph_budget`: the first layer's field evaluation measured on x0, times the
+    evaluations of every step), where anything is differentiated: grad mode on, and x0 or a
+    tensor of the model requiring grad. Not under torch.func's transforms, whose wrapped
+    tensors have no storage to measure."""
+    import torch
+
+    params = tensors_of(model)
+    x0 = plan.x0
+    if torch._C._functorch.is_functorch_wrapped_tensor(x0) or any(
+            torch._C._functorch.is_functorch_wrapped_tensor(p) for p in params):
+        return
+    if not torch.is_grad_enabled() or not (x0.requires_grad or any(
+            p.requires_grad for p in params)) or not plan.pieces:
+        return
+    layer = plan.pieces[0][2]
+    splitting = layer.splitting(plan.kernel)
+    evals = EVALS[plan.method] if splitting is None else len(splitting)
+    spans = np.diff(np.concatenate([[0.0], plan.times]))
+    steps = int(sum(np.ceil(spans[spans > 0] / plan.dt * (1 - 1e-12))))
+    per_eval = graph_cost(partial(layer.tangent_field, kernel=plan.kernel), x0, params)
+    check_graph_budget(per_eval, evals, steps, len(plan.times) * x0.nbytes,
+                       x0.nbytes, memory_budget, x0.device)
 
 
 def estimate_run(model: Model, x0: Any, t_end: float, save_at: Any = None,
@@ -217,6 +272,8 @@ class _Plan:
     sigma: float | None = None
     path: BrownianPath | None = None
     level: int | None = None
+    runner: Any = None  # the tensor loop of gradients="adjoint" (`attnflow.adjoint`)
+    method: str = "rk4"
 
 
 def _cluster_tol(model: Model, cluster_tol: Any) -> float:
@@ -230,7 +287,7 @@ def _cluster_tol(model: Model, cluster_tol: Any) -> float:
 
 
 def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
-          brownian_dt, store, device=None, checkpoint=None) -> _Plan:
+          brownian_dt, store, device=None, checkpoint=None, gradients="backprop") -> _Plan:
     """Check simulate's arguments and work out its save times and step."""
     if not isinstance(model, (Block, Stack)):
         raise fail("model", "an attnflow.Attention, Block or Stack", type(model).__name__)
@@ -253,6 +310,9 @@ def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, no
     pieces = segments(model, t_end)
     x0 = on_device(x0, device, tensors_of(model))
     check_tensor_method(x0, method, noise, checkpoint)
+    runner = None
+    if check_gradients(gradients, x0, method, noise) == "adjoint":
+        runner = adjoint_runner(tensors_of(model), checkpoint)
     store = check_store(store)
     if is_tensor(x0) and store != "states":
         raise fail("store", "'states' for torch tensors (the states stay tensors in the "
@@ -277,14 +337,15 @@ def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, no
     layer = pieces[0][2] if pieces else model.layers[0]
     kernel = layer.kernel_for(x0 if method not in IMPLICIT else x0[(0,) * (x0.ndim - 2)])
     return _Plan(x0, t_end, times, dt, rtol, atol, seed, pieces, store, kernel, sigma, path,
-                 level)
+                 level, runner, method)
 
 
 COUNTS = ("n_evals", "n_steps", "n_rejected", "n_jacobians")  # an integrator's work
 
 
 def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifold, sigma,
-                      path, level, keep: Keep, checkpoint=None) -> dict[str, Any]:
+                      path, level, keep: Keep, checkpoint=None, runner=None
+                      ) -> dict[str, Any]:
     """Integrate layer by layer, each piece with its own field, handing the state at each
     of `times` to `keep`. Fixed-step methods step through a few save times per call
     (`chunk_times`; the same steps as in one call), so that no more than the kept states
@@ -318,6 +379,7 @@ def _integrate_pieces(pieces, x0, times, method, dt, rtol, atol, report, manifol
         runs = int(np.prod(x.shape[:-2], dtype=int))
         solve = partial(integrate, drift, method=method, dt=dt, rtol=rtol, atol=atol,
                         progress=report, manifold=manifold, checkpoint=checkpoint,
+                        runner=runner,
                         grain=1 if is_tensor(x) else tile_runs(x.dtype, runs))
         if method not in FIXED_STEP:
             sol = solve(x, stops, t0=a)

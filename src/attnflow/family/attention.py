@@ -365,8 +365,11 @@ class SelfAttention:
         """The additive score bias of one head, or None: one encoding's as it gives it (a
         structured `LinearBias` stays one, for the harmonic kernels), the (n, n) sum of
         several."""
-        parts = [b for e in self.encodings
-                 if (b := e.bias(n, head, len(self.heads))) is not None]
+        parts = []  # a loop, not a comprehension with :=, which torch.compile cannot trace
+        for e in self.encodings:
+            b = e.bias(n, head, len(self.heads))
+            if b is not None:
+                parts.append(b)
         if len(parts) <= 1:
             return parts[0] if parts else None
         return sum(options.check_bias(b, n) for b in parts)

@@ -29,6 +29,7 @@ option when one is missing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,7 +109,7 @@ def check_bias(bias: Any, n: int) -> np.ndarray | None:
 
 def is_hardmax(beta: Any) -> bool:
     """True for beta = +inf or -inf (hardmax attention, `attnflow.kernels.hardmax`)."""
-    return isinstance(beta, (int, float, np.number)) and bool(np.isinf(beta))
+    return isinstance(beta, (int, float, np.number)) and math.isinf(beta)
 
 
 def needed(bias: np.ndarray | None, normalization: Normalization, beta: Any = None
