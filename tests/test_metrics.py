@@ -296,3 +296,15 @@ def test_plot_metric_draws_every_entry(name):
     assert len(lines) == values.shape[2]
     np.testing.assert_allclose(lines[0].get_ydata(), np.median(values[:, :, 0], axis=1))
     assert ax.get_title(loc="left") == m.description
+
+
+def test_plot_metric_says_what_it_takes():
+    run = af.simulate(af.Attention(beta=4.0), uniform(N, 3, np.random.default_rng(1)), 1.0,
+                      dt=0.1, save_at=[0.0, 1.0])
+    with pytest.raises(ValueError, match=r"^name: expected a registered metric, one of "):
+        af.plot.plot_metric(run, "clusters")
+    with pytest.raises(ValueError, match=r"^run: expected a run index in \[0, 1\)"):
+        af.plot.plot_metric(run, "order_parameter", run=1)
+    fig = af.plot.plot_metric(run, "cluster_count", tol=0.05, log_time=True)
+    np.testing.assert_array_equal(fig.axes[0].get_lines()[0].get_ydata(),
+                                  af.cluster_count(run.states[1:], 0.05))

@@ -253,11 +253,10 @@ def battery(states: Any, attention: Any = None, *, tol: float, delta: float,
             eps: float = SINK_EPS) -> dict[str, Any]:
     """The diagnostics battery through depth (`attnflow.analysis.depth`): every registered
     quantity of one configuration that needs at most a cluster tolerance and a Rényi radius
-    (`METRICS`), along the first axis of
-    states (T, n, d) (e.g. the residual stream entering layer 0, then after each layer),
-    with tol (cluster tolerance, radians), delta (Rényi radius, radians) and eps (sink
-    threshold) stated by the caller; plus what compares consecutive configurations and
-    what reads the attention weights.
+    (`METRICS`), along the first axis of states (T, n, d) (e.g. the residual stream
+    entering layer 0, then after each layer), with tol (cluster tolerance, radians), delta
+    (Rényi radius, radians) and eps (sink threshold) stated by the caller; plus what
+    compares consecutive configurations and what reads the attention weights.
 
     Returns arrays of length T: "mean_pairwise_cosine", "mean_cosine_to_first",
     "min_cosine_to_first", "order_parameter", "effective_rank", "cluster_count",

@@ -175,14 +175,12 @@ def plot_metric(
     host copy of the values.
     """
     traj = _trajectory(traj)
-    if name not in METRICS:
-        raise fail("name", f"a registered metric, one of {sorted(METRICS)}", repr(name))
     if not isinstance(log_time, (bool, np.bool_)):
         raise fail("log_time", "True or False", repr(log_time))
-    entry = METRICS[name]
     idx = _positive_times(traj.times, t_range) if log_time else _time_range(traj.times,
                                                                             t_range)
-    values = np.asarray(to_numpy(traj.metric(name, **context)), dtype=float)
+    values = np.asarray(to_numpy(traj.metric(name, **context)), dtype=float)  # checks name
+    entry = METRICS[name]
     T, batch = len(traj.times), traj.batch_shape
     values = values.reshape(T, int(np.prod(batch)), -1)  # (T, runs, components)
     if run is not None:
