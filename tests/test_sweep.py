@@ -24,7 +24,7 @@ import attnflow
 from attnflow import sweep as sweep_fn
 from attnflow.analysis import cluster_count
 from attnflow.cli import app
-from attnflow.sweeps import METRICS, load_spec, parse_spec, sweep_status
+from attnflow.sweeps import DEFAULT_METRICS, load_spec, parse_spec, sweep_status
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,7 +113,7 @@ def test_malformed_toml_through_the_cli(tmp_path):
 def test_equivalent_specs_have_one_record():
     a = parse_spec({"grid": {**GOOD, "seeds": 3, "save_at": 3}})
     b = parse_spec({"grid": {**GOOD, "seeds": [0, 1, 2], "save_at": [0, 0.5, 1]},
-                    "keep": {"metrics": list(METRICS)}, "entropy": 0})
+                    "keep": {"metrics": list(DEFAULT_METRICS)}, "entropy": 0})
     assert a.record() == b.record()
     assert a.shape == (2, 3) and a.n_runs == 6
 

@@ -37,6 +37,7 @@ _ANALYSIS = (  # = attnflow.analysis.__all__ (tests/test_package.py checks it)
     "self_weight", "sink_rate", "spanning_tree", "strong_renyi_center_count",
     "strong_renyi_centers", "tau_beta", "theorem52_conditions", "theorem52_max_N",
     "theorem52_min_beta", "uniform_fluctuation",
+    "METRICS", "Metric", "MetricContext", "evaluate_metric", "mean_direction", "order_parameter",
     "LimitStatistics", "cap_constant", "critical_beta", "limit_keys", "limit_statistics",
     "mean_kernel", "nearest_gaps", "poisson_gaps", "sample_gaps", "weight_statistics",
     "three_token_state", "triangle_rates", "triangle_threshold",

@@ -4,7 +4,9 @@ float32, or only summaries of them, for runs too big to keep.
 * ``"states"`` (default): every saved state in the tokens' dtype.
 * ``"float32"``: every saved state rounded to float32 (half the memory and file of float64;
   the integration itself stays in the tokens' dtype).
-* ``"summaries"``: per save time and run, instead of the states,
+* ``"summaries"``: per save time and run, instead of the states, the entries of the
+  analysis registry (`attnflow.analysis.metrics.METRICS`) named in `SUMMARIES` under their
+  stored keys:
 
   - ``mean``: the first moment (1/n) sum_i u_i of the token directions, (T, ..., d) (on the
     circle, its complex form is the first Fourier moment of the tokens' angles);
@@ -31,7 +33,7 @@ import numpy as np
 from attnflow._array import is_tensor, namespace
 from attnflow._checks import fail
 
-__all__ = ["SMALL", "STORES", "Keep", "check_store"]
+__all__ = ["SMALL", "STORES", "SUMMARIES", "Keep", "check_store"]
 
 STORES = ("states", "float32", "summaries")
 SMALL = 4096  # tokens up to which the O(n^2) summaries are computed
@@ -97,25 +99,36 @@ class Keep:
         return times if self.store != "summaries" else times[[0, -1]][: len(self.states)]
 
 
+# The stored summaries: their key in a saved run -> the registry entry they hold
+# (`attnflow.analysis.metrics.METRICS`; the keys are those of runs saved before the registry).
+SUMMARIES = {"mean": "mean_direction", "clusters": "cluster_count", "log_energy": "log_energy"}
+
+
 def summaries(model: Any, cluster_tol: float, x: np.ndarray) -> dict[str, np.ndarray]:
-    """The summaries of the state x (..., n, d) of a run of `model` (module docstring)."""
-    from attnflow.analysis import cluster_count
+    """The summaries of the state x (..., n, d) of a run of `model` (module docstring): the
+    registry's entries of `SUMMARIES` where they are defined and affordable."""
+    from attnflow.analysis.metrics import evaluate_metric
     from attnflow.manifolds import directions
 
     u = directions(x)
     n, d = u.shape[-2:]
-    out: dict[str, np.ndarray] = {"mean": u.mean(axis=-2)}
-    if d == 2 or n <= SMALL:
-        out["clusters"] = np.asarray(cluster_count(u, cluster_tol), dtype=float)
-    energy = _log_energy(model, u)
-    if energy is not None:
-        out["log_energy"] = energy
+    out: dict[str, np.ndarray] = {}
+    for key, name in SUMMARIES.items():
+        if name == "log_energy":
+            value = _log_energy(model, u)
+        elif name == "cluster_count" and not (d == 2 or n <= SMALL):
+            value = None
+        else:
+            value = evaluate_metric(name, u[None], tol=cluster_tol)[0]
+        if value is not None:
+            out[key] = value
     return out
 
 
 def _log_energy(model: Any, u: np.ndarray) -> np.ndarray | None:
-    """log E_beta of the directions u (...), where defined and affordable, else None."""
-    from attnflow.analysis import log_energy
+    """log E_beta of the directions u (...), where defined and affordable, else None: by
+    harmonic moments where they apply, else the registry's entry up to `SMALL` tokens."""
+    from attnflow.analysis.metrics import evaluate_metric
     from attnflow.kernels import harmonic
 
     layers = model.layers
@@ -130,4 +143,5 @@ def _log_energy(model: Any, u: np.ndarray) -> np.ndarray | None:
     try:
         return harmonic.log_energy(q, k, beta)
     except ValueError:  # no harmonic expansion: directly, where n^2 is affordable
-        return log_energy(u, beta, Q, K) if u.shape[-2] <= SMALL else None
+        return evaluate_metric("log_energy", u[None], beta=beta, Q=Q, K=K)[0] \
+            if u.shape[-2] <= SMALL else None

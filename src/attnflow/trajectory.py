@@ -121,28 +121,58 @@ class Trajectory(ShortRepr):
         s = self._states
         return s.read(i) if isinstance(s, StatesOnDisk) else s[i]
 
-    def energy(self, beta: float | None = None, log: bool = False) -> np.ndarray:
+    def energy(self, beta: Any = None, log: bool = False) -> Any:
         """The interaction energy E_beta of the token directions at every saved time, (T, ...)
         (`attnflow.analysis.energy`; its logarithm when `log`, finite at any beta). At each
         time it is that of the layer acting then (a Stack's layer floor(t)): its beta (unless
         `beta` is given) and the Q, K of its single head (positional encodings, biases and
-        the feed-forward term are not part of E_beta)."""
-        from attnflow.analysis.energy import energy, log_energy
+        the feed-forward term are not part of E_beta). A run on tensors gives a tensor in
+        its autograd graph (`metric`)."""
+        return self.metric("log_energy" if log else "energy", beta=beta)
 
+    def metric(self, name: str, **context: Any) -> Any:
+        """A registered quantity (`attnflow.analysis.metrics.METRICS`: "energy",
+        "order_parameter", "cluster_count", ...) of the states at every saved time,
+        (T, ...) or (T, ..., k), in the states' library: a run on tensors gives tensors in
+        its autograd graph for a differentiable entry (a count of a tensor run that
+        requires grad is refused, naming a differentiable one).
+
+        The context an entry needs defaults, at each time, from the layer acting then (a
+        Stack's layer floor(t)): beta its beta; Q, K those of its single (Q, K, V) head;
+        tol `attnflow.analysis.default_cluster_tol(beta)`; delta 4 |beta|^{-1/2} and r
+        |beta|^{-1/2} (at most pi); x0 the states at the first saved time; modes 4.
+        Keywords override them (e.g. ``traj.metric("cluster_count", tol=0.05)``)."""
+        from attnflow._array import namespace, scalar
+        from attnflow.analysis.clusters import default_cluster_tol, length_scale
+        from attnflow.analysis.metrics import METRICS, evaluate_metric
+
+        if name not in METRICS:
+            raise fail("name", f"a registered metric, one of {sorted(METRICS)}", repr(name))
+        needs = METRICS[name].needs
         layers = [self.model.layer_at(float(t)) for t in self.times]
-        for layer in set(layers):
-            if len(layer.heads) != 1 or len(layer.heads[0]) != 3:
-                raise fail("model", "layers with one (Q, K, V) head each (E_beta takes one Q, "
-                           "K; call attnflow.energy(traj.directions, beta, Q, K) otherwise)",
-                           repr(layer))
-        out = np.empty(self.states.shape[:-2])
-        theta = self.directions
+        if "Q" in needs and context.get("Q") is None and context.get("K") is None:
+            for layer in set(layers):
+                if len(layer.heads) != 1 or len(layer.heads[0]) != 3:
+                    raise fail("model", "layers with one (Q, K, V) head each (E_beta takes "
+                               "one Q, K; call attnflow.energy(traj.directions, beta, Q, K) "
+                               "otherwise)", repr(layer))
+        states = self.states
+        given = {k: v for k, v in context.items() if v is not None}
+        values: list[Any] = [None] * len(self.times)
         for layer in dict.fromkeys(layers):
             at = [i for i, other in enumerate(layers) if other is layer]
-            Q, K, _ = layer.heads[0]
-            b = layer.beta if beta is None else beta
-            out[at] = (log_energy if log else energy)(theta[at], b, Q, K)
-        return out
+            b = float(scalar(layer.beta))  # the radii from its value (a tensor's too)
+            scale = length_scale(b)
+            ctx = {"beta": layer.beta, "tol": default_cluster_tol(b),
+                   "delta": min(np.pi, 4.0 * scale), "r": min(np.pi, scale),
+                   "x0": states[0], "modes": 4}
+            if "Q" in needs:
+                ctx["Q"], ctx["K"] = layer.heads[0][:2]
+            ctx.update(given)
+            out = evaluate_metric(name, states[at], **{k: ctx[k] for k in needs})
+            for j, i in enumerate(at):
+                values[i] = out[j]
+        return namespace(states).stack(values)
 
     def record(self) -> dict[str, Any]:
         """Everything but the arrays, as JSON-friendly data."""

@@ -1,4 +1,10 @@
-"""Analysis of token configurations and trajectories: pure functions, arrays in, numbers out.
+"""Analysis of token configurations and trajectories: pure functions, arrays in, arrays out.
+
+The quantities of tokens compute with the array they are given: numpy, or torch tensors on
+their device and in their autograd graph (the energy, the cosines, the order parameter, the
+effective rank, the moments, ...); the combinatorial ones (clusters, Rényi centers, consumed
+fractions, density modes) refuse a tensor that requires grad, naming a differentiable
+neighbour, and read a tensor without grad from a host copy.
 
 * clusters: single-linkage clusters at a geodesic tolerance (`clusters`, `cluster_count`,
   `cluster_counts`).
@@ -14,6 +20,9 @@
 * dispersion: the dispersion relation of the uniform state on every sphere S^{d-1}
   (docs/science.md §9): the linear growth rate of degree-l harmonics, softmax or
   unnormalised weights, with strength and noise (`dispersion_rate`).
+* metrics: the registry of quantities over time (`METRICS`: name, shape, units, whether
+  differentiable, a description), `evaluate_metric`; sweeps, stored summaries, the battery,
+  the explorer and `attnflow.plot.plot_metric` read it.
 * family: closed forms of the model family (docs/science.md §6): the equiangular ODEs and
   exact equiangular starts, the noisy Kuramoto order parameter, the long-context self-weight
   and output correlation, the mean-field cluster number k*.
@@ -71,13 +80,14 @@ from attnflow.analysis.depth import (
     SINK_EPS,
     angular_distance,
     attention_to_first,
-    battery,
     cluster_count_at,
     cosine_to_first,
     effective_rank,
     massive_activation,
+    mean_direction,
     mean_pairwise_cosine,
     norm_spread,
+    order_parameter,
     renyi_center_count,
     sink_rate,
     strong_renyi_center_count,
@@ -119,6 +129,7 @@ from attnflow.analysis.kinetic import (
     soft_weights,
     token_memory,
 )
+from attnflow.analysis.metrics import METRICS, Metric, MetricContext, battery, evaluate_metric
 from attnflow.analysis.modes import (
     DensityModes,
     density_cluster_count,
@@ -175,6 +186,9 @@ from attnflow.analysis.tricritical import (
 )
 
 __all__ = [
+    "METRICS",
+    "Metric",
+    "MetricContext",
     "RENYI_PARKING_CONSTANT",
     "ROWS",
     "AtlasPrediction",
@@ -206,6 +220,7 @@ __all__ = [
     "distance_to_subspace",
     "effective_rank",
     "energy",
+    "evaluate_metric",
     "equiangular_rhs",
     "equiangular_start",
     "expected_renyi_centers_circle",
@@ -220,9 +235,11 @@ __all__ = [
     "lemma51_bound",
     "log_energy",
     "massive_activation",
+    "mean_direction",
     "mean_pairwise_cosine",
     "noise_threshold",
     "norm_spread",
+    "order_parameter",
     "output_correlation",
     "output_correlation_limit",
     "predict_configuration",

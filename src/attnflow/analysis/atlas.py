@@ -230,7 +230,7 @@ def classify_configuration(
     probability sin(pi/3)^32 = 1%; for dim L = 1, 2^-32). Clouds narrow as beta grows; at
     beta = 1 the tokens do not concentrate around L at all.
     """
-    X = sphere_points("X_final", X_final, ndim=2)
+    X = sphere_points("X_final", X_final, ndim=2, quantity="classify_configuration")
     tol = radius("tol", tol)
     cloud_radius = radius("cloud_radius", cloud_radius)
     n, d = X.shape

@@ -87,7 +87,7 @@ def spanning_tree(X: Any) -> tuple[np.ndarray, np.ndarray]:
     geodesic length of that edge in radians (length[..., 0] = 0). The single-linkage
     clusters at any tolerance follow from this tree (module docstring).
     """
-    X = sphere_points("X", X)
+    X = sphere_points("X", X, quantity="the spanning tree (discrete)")
     batch, (n, d) = X.shape[:-2], X.shape[-2:]
     flat = X.reshape(-1, n, d)
     parent = np.zeros(flat.shape[:2], dtype=np.intp)
@@ -162,6 +162,7 @@ def cluster_count(X: Any, tol: float, min_size: int = 1) -> np.ndarray:
     Returns an int array of shape (...) (a 0-d array for one configuration).
     """
     tol = radius("tol", tol)
+    X = sphere_points("X", X, quantity="cluster_count (a count)")
     if isinstance(min_size, (bool, np.bool_)) or not isinstance(min_size, (int, np.integer)) \
             or min_size < 1:
         raise fail("min_size", "an integer >= 1 (tokens in a counted cluster)", repr(min_size))
@@ -203,7 +204,7 @@ def clusters(X: Any, tol: float) -> Clusters:
     Tokens at geodesic distance <= tol are linked; clusters are the connected components
     (module docstring). Returns a `Clusters` (labels, count, sizes, centroids).
     """
-    X = sphere_points("X", X, ndim=2)
+    X = sphere_points("X", X, ndim=2, quantity="clusters (a partition)")
     tol = radius("tol", tol)
     n = X.shape[0]
     parent, length = spanning_tree(X)

@@ -39,6 +39,7 @@ from scipy.special import ive
 from attnflow._checks import fail, number
 from attnflow._repr import ShortRepr
 from attnflow.analysis._density import one_density
+from attnflow.analysis._input import host, run_states
 from attnflow.analysis.clusters import length_scale
 from attnflow.analysis.moments import circle_angles
 
@@ -70,7 +71,8 @@ def kde_circle(x: Any, width: float, points: int | None = None) -> np.ndarray:
     """The von Mises kernel density estimate (..., P) of tokens x (..., n, 2) on the circle
     at theta_j = 2 pi j / P, per unit angle (module docstring, step 1). width: the kernel's
     width w > 0 (radians); points: P (default the least power of two >= max(512, 16 / w))."""
-    theta = np.mod(circle_angles("x", x), 2 * np.pi)
+    theta = np.mod(circle_angles("x", x, quantity="kde_circle (computed by FFT on the host)"),
+                   2 * np.pi)
     w = number("width", width, 0.0, low_open=True, expected="a kernel width w > 0 (radians)")
     P = _points(points, w)
     h = 2 * np.pi / P
@@ -143,7 +145,8 @@ def density_cluster_count(x: Any, beta: float | None = None, *, width: float | N
     density estimate at the width w = |beta|^{-1/2} (or `width`) that hold at least `mass`
     of the tokens and are `depth` deep (module docstring). Returns an int array (...)."""
     w = _width(beta, width)
-    values = kde_circle(x, w, points)
+    values = kde_circle(host("x", run_states("x", x), "density_cluster_count (a count)",
+                             "fourier_moments"), w, points)
     flat = values.reshape(-1, values.shape[-1])
     counts = [density_modes(row, mass, depth, w).count for row in flat]
     return np.array(counts, dtype=int).reshape(values.shape[:-1])

@@ -23,16 +23,19 @@ Fourier coefficients c (K + 1,) or (1, K + 1), rho(theta) = sum_{|k| <= K} c_k e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize_scalar
 
+from attnflow._array import is_tensor, namespace
 from attnflow._checks import fail
 from attnflow._repr import ShortRepr
 from attnflow.analysis._density import cdf_at, cdf_table, one_density
-from attnflow.analysis._input import sphere_points
+from attnflow.analysis._input import run_states, sphere_points, tokens
+from attnflow.manifolds import sphere_tolerance
 
 __all__ = ["FourierMoments", "fourier_moments", "wasserstein_circle"]
 
@@ -54,9 +57,11 @@ class FourierMoments(ShortRepr):
     n: int
 
 
-def circle_angles(name: str, x: Any, ndim: int | None = None) -> np.ndarray:
-    """The angles (..., n) in (-pi, pi] of points (..., n, 2) on the circle."""
-    X = sphere_points(name, x, ndim=ndim)
+def circle_angles(name: str, x: Any, ndim: int | None = None,
+                  quantity: str | None = None) -> np.ndarray:
+    """The angles (..., n) in (-pi, pi] of points (..., n, 2) on the circle (numpy: a tensor
+    through `_input.host`, refused with grad naming `quantity`)."""
+    X = sphere_points(name, x, ndim=ndim, quantity=quantity, instead="fourier_moments")
     if X.shape[-1] != 2:
         raise fail(name, "points (..., n, 2) on the circle (d = 2)",
                    f"an array of shape {X.shape}")
@@ -67,13 +72,12 @@ def fourier_moments(x: Any, modes: Any) -> FourierMoments:
     """The moments M_k = (1/n) sum_j e^{i k theta_j} of tokens x (..., n, 2) on the circle
     (leading axes: independent configurations; a Trajectory: its directions) for the modes
     k (an int K: 1..K; or a sequence of integers), with the standard errors of their real and
-    imaginary parts (module docstring; 0 for n = 1)."""
+    imaginary parts (module docstring; 0 for n = 1). A tensor x gives tensors (complex
+    mean) on its device, in its autograd graph."""
+    if is_tensor(run_states("x", x)):
+        return _tensor_moments(run_states("x", x), modes)
     theta = circle_angles("x", x)
-    k = np.arange(1, modes + 1) if isinstance(modes, (int, np.integer)) and not isinstance(
-        modes, bool) else np.asarray(modes)
-    if k.ndim != 1 or k.size == 0 or not np.issubdtype(k.dtype, np.integer):
-        raise fail("modes", "an integer K >= 1 (modes 1..K) or a sequence of integer modes",
-                   repr(modes))
+    k = _modes(modes)
     n = theta.shape[-1]
     mean = np.empty((*theta.shape[:-1], k.size), dtype=complex)
     se_real, se_imag = np.zeros(mean.shape), np.zeros(mean.shape)
@@ -84,6 +88,40 @@ def fourier_moments(x: Any, modes: Any) -> FourierMoments:
             se_real[..., i] = wave.real.std(axis=-1, ddof=1) / np.sqrt(n)
             se_imag[..., i] = wave.imag.std(axis=-1, ddof=1) / np.sqrt(n)
     return FourierMoments(k=k, mean=mean, se_real=se_real, se_imag=se_imag, n=n)
+
+
+def _modes(modes: Any) -> np.ndarray:
+    """The modes (K,) of an int K (1..K) or a sequence of integers."""
+    k = np.arange(1, modes + 1) if isinstance(modes, (int, np.integer)) and not isinstance(
+        modes, bool) else np.asarray(modes)
+    if k.ndim != 1 or k.size == 0 or not np.issubdtype(k.dtype, np.integer):
+        raise fail("modes", "an integer K >= 1 (modes 1..K) or a sequence of integer modes",
+                   repr(modes))
+    return k
+
+
+def _tensor_moments(x: Any, modes: Any) -> FourierMoments:
+    """`fourier_moments` of a tensor (..., n, 2) on the circle, computed on its device."""
+    X = tokens("x", x)
+    xp = namespace(X)
+    if X.shape[-1] != 2:
+        raise fail("x", "points (..., n, 2) on the circle (d = 2)",
+                   f"a tensor of shape {tuple(X.shape)}")
+    off = float(xp.max(xp.abs(xp.linalg.vector_norm(X.detach(), axis=-1) - 1.0)))
+    if off > sphere_tolerance(X.dtype):
+        raise fail("x", "unit vectors (points on the circle)", f"norms off 1 by up to {off:.3g}")
+    k = _modes(modes)
+    theta = xp.atan2(X[..., 1], X[..., 0])
+    n = theta.shape[-1]
+    means, se_real, se_imag = [], [], []
+    for mode in k.tolist():
+        c, s = xp.cos(mode * theta), xp.sin(mode * theta)
+        means.append(xp.mean(c, axis=-1) + 1j * xp.mean(s, axis=-1))
+        for se, part in ((se_real, c), (se_imag, s)):
+            se.append(xp.std(part, axis=-1, correction=1) / math.sqrt(n) if n > 1
+                      else xp.zeros_like(part[..., 0]))
+    return FourierMoments(k=k, mean=xp.stack(means, axis=-1), se_real=xp.stack(se_real, axis=-1),
+                          se_imag=xp.stack(se_imag, axis=-1), n=n)
 
 
 def wasserstein_circle(x: Any, c: Any) -> float:
@@ -97,7 +135,8 @@ def wasserstein_circle(x: Any, c: Any) -> float:
     h^2 int |rho'| / 12 for pieces of length h <= 1e-4, is below 1e-9 for the densities the
     solver resolves). The shift c is the minimiser of that convex piecewise function (Brent's
     bounded method to 1e-13)."""
-    theta = np.sort(np.mod(circle_angles("x", x, ndim=2), 2 * np.pi))
+    theta = np.sort(np.mod(circle_angles("x", x, ndim=2, quantity="wasserstein_circle "
+                                         "(computed by scipy on the host)"), 2 * np.pi))
     table = cdf_table(one_density(c))
     n, M = len(theta), len(table.F) - 1
     grid = np.arange(M + 1) * table.h

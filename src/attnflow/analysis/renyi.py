@@ -42,7 +42,7 @@ _BLOCK = 1024
 
 def _queries_keys(X: Any, Q: Any, K: Any) -> tuple[np.ndarray, np.ndarray]:
     """Unit queries and keys (n, d) of one configuration: the rows of X when Q = K = None."""
-    X = sphere_points("X", X, ndim=2)
+    X = sphere_points("X", X, ndim=2, quantity="Rényi centers (a set of tokens)")
     d = X.shape[1]
     out = []
     for name, M in (("Q", Q), ("K", K)):
@@ -152,7 +152,8 @@ def consumed_fraction(states: Any, centers: Any, r: float | None = None) -> np.n
                        None)
         r = min(np.pi, length_scale(model.beta))
     r = radius("r", r)
-    states = sphere_points("states", states, ndim=3)
+    states = sphere_points("states", states, ndim=3,
+                           quantity="consumed_fraction (a fraction of tokens)")
     n = states.shape[1]
     centers = finite_array("centers", centers, ndim=1)
     if not np.issubdtype(centers.dtype, np.integer) or centers.size == 0 \

@@ -40,20 +40,23 @@ import numpy as np
 from attnflow._array import to_numpy
 from attnflow._checks import fail
 from attnflow.analysis import (
-    cluster_count,
     default_cluster_tol,
     length_scale,
     renyi_centers,
     strong_renyi_centers,
 )
+from attnflow.analysis.metrics import evaluate_metric
 from attnflow.plot import frame
 from attnflow.trajectory import Trajectory
 
-__all__ = ["ANGLE_ERROR", "CIRCLE_BINS", "COORD_ERROR", "DENSITY_N", "FORMAT", "SPHERE_BANDS",
-           "SPHERE_SECTORS", "VIEWS", "pack", "unpack", "unpack_density"]
+__all__ = ["ANGLE_ERROR", "CIRCLE_BINS", "COORD_ERROR", "DENSITY_N", "FORMAT", "SERIES",
+           "SPHERE_BANDS", "SPHERE_SECTORS", "VIEWS", "pack", "unpack", "unpack_density"]
 
 FORMAT = "attnflow-explorer/1"
 VIEWS = ("circle", "sphere")
+# The series panels: their key in a packed run -> the registry entry they draw
+# (`attnflow.analysis.metrics.METRICS`).
+SERIES = {"clusters": "cluster_count", "order": "order_parameter"}
 _LEVELS = 65536
 ANGLE_STEP = 2 * np.pi / _LEVELS
 ANGLE_ERROR = ANGLE_STEP / 2  # rad: the largest error of a decoded angle
@@ -94,7 +97,8 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
     (base64 of uint16 (T, n, k), see the module docstring), times (T,), beta (T,) and tol
     (T,) (the layer acting at each time, and the package's default cluster tolerance for
     it, radians), clusters (T,) (single-linkage cluster counts at tol, computed on the
-    unquantised directions in R^d), order (T,) (|mean x|, the order parameter, in [0, 1]),
+    unquantised directions in R^d), order (T,) (|mean x|, the order parameter, in [0, 1])
+    (these two series are the registry's entries named in `SERIES`),
     causal (bool), mask (text), model (its short repr), projection ("" or how d > 3 was
     projected), renyi and strong (token indices of the Rényi and strong Rényi centers of the
     first frame at delta = 4 |beta|^{-1/2}, causal runs only, else None), delta, and attention
@@ -118,7 +122,7 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
     layers = [traj.model.layer_at(float(t)) for t in times]
     beta = np.array([float(layer.beta) for layer in layers])
     tol = np.array([default_cluster_tol(b) for b in beta])
-    order = np.linalg.norm(X.mean(axis=1), axis=-1)
+    order = evaluate_metric(SERIES["order"], X)
     projection, binned, frames = "", None, ""
     if view == "circle":
         if basis is not None:
@@ -145,7 +149,8 @@ def pack(traj: Trajectory, *, run: int = 0, view: str | None = None,
         "times": times.tolist(), "tol": tol.tolist(),
         "beta": [b if np.isfinite(b) else None for b in beta.tolist()],  # null: hardmax
         "clusters": None if dense else
-        [int(cluster_count(X[i], tol[i])) for i in range(len(times))],
+        [int(evaluate_metric(SERIES["clusters"], X[i:i + 1], tol=tol[i])[0])
+         for i in range(len(times))],
         "order": order.tolist(),
         "causal": bool(traj.model.is_causal), "mask": str(getattr(layers[0], "mask", "")),
         "model": repr(traj.model), "projection": projection, "delta": float(delta),

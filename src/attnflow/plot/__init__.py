@@ -25,9 +25,10 @@ of a chosen ``layer``; the default radii (delta, tol) take beta from the layer a
 first time shown; eigenvectors of V come from one chosen layer (`frame`, default the first).
 
 The pictures live in one module each: `projection` (`frame`, `Frame`), `circle`, `sphere`,
-`series` (counts and angles against time), `attention`, `movies` (`animate`) and
-`meanfield` (a mean-field density against time and angle with the particles' histogram beside
-it; the particles' Fourier moments in their 1/sqrt(n) band).
+`series` (counts and angles against time; any registered quantity, `plot_metric`),
+`attention`, `movies` (`animate`) and `meanfield` (a mean-field density against time and
+angle with the particles' histogram beside it; the particles' Fourier moments in their
+1/sqrt(n) band).
 """
 
 # The style's constants stay reachable as attnflow.plot.STYLE etc., as before the split.
@@ -41,7 +42,7 @@ from attnflow.plot.circle import plot_circle
 from attnflow.plot.meanfield import plot_meanfield, plot_moments
 from attnflow.plot.movies import animate
 from attnflow.plot.projection import Frame, frame
-from attnflow.plot.series import plot_angles, plot_timeseries
+from attnflow.plot.series import plot_angles, plot_metric, plot_timeseries
 from attnflow.plot.sphere import plot_sphere
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "plot_attention",
     "plot_circle",
     "plot_meanfield",
+    "plot_metric",
     "plot_moments",
     "plot_sphere",
     "plot_timeseries",

@@ -1,4 +1,5 @@
-"""Time series: counts of clusters and centers, spread, and angles on the circle against time."""
+"""Time series: counts of clusters and centers, spread, and angles on the circle against time;
+any registered quantity against time (`plot_metric`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
+from attnflow._array import to_numpy
 from attnflow._checks import fail
 from attnflow.analysis import cluster_count, renyi_centers, strong_renyi_centers
+from attnflow.analysis.metrics import METRICS
 from attnflow.plot._input import (
     _beta,
     _causal_marks,
@@ -138,14 +141,73 @@ def _stacked(figsize: tuple[float, float]) -> tuple[Figure, list[Axes]]:
     return fig, list(fig.subplots(2, 1, sharex=True, height_ratios=(3, 2)))
 
 
-def _band(a: Axes, t: np.ndarray, y: np.ndarray, label: str, color: str, ls: str) -> None:
-    """y (T, runs): the line itself for one run; else the mean and a 10-90% band."""
+def _band(a: Axes, t: np.ndarray, y: np.ndarray, label: str, color: str, ls: str,
+          center: Any = np.mean) -> None:
+    """y (T, runs): the line itself for one run; else `center` (the mean, or np.median) over
+    runs and a 10-90% band."""
     if y.shape[1] == 1:
         a.plot(t, y[:, 0], color=color, ls=ls, label=label)
         return
-    a.plot(t, y.mean(axis=1), color=color, ls=ls, label=label)
+    a.plot(t, center(y, axis=1), color=color, ls=ls, label=label)
     lo, hi = np.percentile(y, [10, 90], axis=1)
     a.fill_between(t, lo, hi, color=color, alpha=0.2, lw=0)
+
+
+def plot_metric(
+    traj: Trajectory,
+    name: str,
+    *,
+    run: int | None = None,
+    t_range: tuple[float, float] | None = None,
+    log_time: bool = False,
+    ax: Axes | None = None,
+    figsize: tuple[float, float] | None = None,
+    **context: Any,
+) -> Figure:
+    """Any registered quantity (`attnflow.analysis.metrics.METRICS`) of a run against time:
+    `Trajectory.metric(name, **context)` at the saved times (context: tol=, delta=, beta=,
+    modes=, ...; the defaults of the layer acting at each time otherwise).
+
+    For a batch, run=None (default) draws the median over runs and a 10th-90th percentile
+    band; run=i draws one run. A vector-valued entry ("mean_direction", "fourier_moduli")
+    draws one line per component. log_time: a log time axis (t = 0 left out). The y label
+    gives the entry's units, the title its description. A run on tensors is drawn from a
+    host copy of the values.
+    """
+    traj = _trajectory(traj)
+    if not isinstance(log_time, (bool, np.bool_)):
+        raise fail("log_time", "True or False", repr(log_time))
+    idx = _positive_times(traj.times, t_range) if log_time else _time_range(traj.times,
+                                                                            t_range)
+    values = np.asarray(to_numpy(traj.metric(name, **context)), dtype=float)  # checks name
+    entry = METRICS[name]
+    T, batch = len(traj.times), traj.batch_shape
+    values = values.reshape(T, int(np.prod(batch)), -1)  # (T, runs, components)
+    if run is not None:
+        if isinstance(run, bool) or not isinstance(run, (int, np.integer)) or \
+                not 0 <= run < values.shape[1]:
+            raise fail("run", f"a run index in [0, {values.shape[1]})", repr(run))
+        values = values[:, run:run + 1]
+    values, t = values[idx], traj.times[idx]
+    with mpl.rc_context(STYLE):
+        fig, (a,) = _figure(ax, figsize or (COLUMN, 2.6))
+        k = values.shape[2]
+        for j in range(k):
+            color = "k" if k == 1 else mpl.colormaps["viridis"](j / max(1, k - 1))
+            _band(a, t, values[:, :, j], f"component {j + 1}" if k > 1 else name, color, "-",
+                  center=np.median)
+        if log_time:
+            a.set_xscale("log")
+            _plain_log(a.xaxis)
+        a.set_xlabel("t (log scale)" if log_time else "t")
+        a.set_ylabel(f"{name} ({entry.units})" if entry.units != "1" else name)
+        a.set_title(entry.description, loc="left", fontsize=STYLE["legend.fontsize"],
+                    wrap=True)
+        runs = values.shape[1]
+        if k > 1 or runs > 1:
+            a.legend(title=f"median and 10-90% band of {runs} runs" if runs > 1 else None,
+                     title_fontsize=STYLE["legend.fontsize"])
+    return fig
 
 
 def plot_angles(

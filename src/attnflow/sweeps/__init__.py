@@ -34,14 +34,17 @@ The spec (a TOML file, or the same nested mapping in Python)::
     seeds = 8                   # a count (seeds 0..7) or a list of seed indices  (required)
 
     [keep]
-    metrics = ["max_distance_to_first", "cluster_count"]   # default: all of METRICS
+    metrics = ["max_distance_to_first", "cluster_count"]   # default: DEFAULT_METRICS
     states = false              # also keep the saved states (padded with NaN to max n, d)
     cluster_tol = 0.05          # rad; default |beta|^{-1/2} / 4 per run (1e-2 when beta = 0)
     delta_scale = 4.0           # Rényi radius delta = delta_scale |beta|^-1/2 (docs/science.md §3)
     r_scale = 1.0               # consumption radius r = r_scale |beta|^-1/2 (docs/science.md §4)
 
-Radii are capped at pi (beta = 0 gives pi). At each save time t they use the beta of the layer
-acting at t (``model.layer_at(t).beta``; a tied model has one beta).
+``keep.metrics`` takes any of `METRICS`, the scalar entries of the analysis registry
+(`attnflow.analysis.metrics.METRICS`: the energy, the cosines, the order parameter, the
+counts, ...); without it a sweep keeps `DEFAULT_METRICS` (its six metrics of before the
+registry). Radii are capped at pi (beta = 0 gives pi). At each save time t they use the
+beta of the layer acting at t (``model.layer_at(t).beta``; a tied model has one beta).
 
 **Models.** Without ``model``, every run builds one `attnflow.Attention` from the text options
 (beta, mask, Q, K, V, backend, norm, alpha, attention, rope, alibi). ``model`` names saved
@@ -112,13 +115,14 @@ Zarr store), `.execute` (schedulers, `sweep`), `.tidy` (tables, the note on nest
 """
 
 from attnflow.sweeps.execute import SweepIncompleteError, local_cluster, sweep
-from attnflow.sweeps.metrics import METRICS
+from attnflow.sweeps.metrics import DEFAULT_METRICS, METRICS
 from attnflow.sweeps.spec import SweepSpec, load_spec, parse_spec
 from attnflow.sweeps.store import sweep_status
 from attnflow.sweeps.tasks import run_task
 from attnflow.sweeps.tidy import nested_note, to_dataframe
 
 __all__ = [
+    "DEFAULT_METRICS",
     "METRICS",
     "SweepIncompleteError",
     "SweepSpec",

@@ -1,31 +1,37 @@
 """The per-run summaries a sweep keeps over time, and their radii.
 
-A metric maps the saved token directions of a batch of runs, (T, B, n, d), and their initial
-tokens (B, n, d) to values (T, B). Its radii (cluster tolerance, Rényi radius delta,
-consumption radius r, all in rad) are scales of |beta|^{-1/2} (beta of either sign:
-`attnflow.analysis.length_scale`); at each save time t they use the
-beta of the layer acting at t (``model.layer_at(t).beta``: the only beta of a tied model).
+The metrics a sweep accepts are the scalar entries of the analysis registry
+(`attnflow.analysis.metrics.METRICS`: one number per run and save time); `METRICS` here is
+that selection, `DEFAULT_METRICS` what a spec without ``keep.metrics`` keeps. Each maps the
+saved token directions of a batch of runs, (T, B, n, d), and their initial tokens (B, n, d)
+to values (T, B). Its radii (cluster tolerance, Rényi radius delta, consumption radius r,
+all in rad) are scales of |beta|^{-1/2} (beta of either sign:
+`attnflow.analysis.length_scale`); at each save time t they, beta and the Q, K of the energy
+are those of the layer acting at t (``model.layer_at(t)``: the only layer of a tied model).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from attnflow.analysis import (
-    cluster_count,
-    consumed_fraction,
-    default_cluster_tol,
-    length_scale,
-    renyi_centers,
-    strong_renyi_centers,
-)
-from attnflow.sphere import geodesic_distance
+from attnflow._checks import fail
+from attnflow.analysis import default_cluster_tol, length_scale
+from attnflow.analysis.metrics import METRICS as REGISTRY
+from attnflow.analysis.metrics import Metric, evaluate_metric
 
 Radii = dict[str, float]  # {"tol": cluster tolerance, "delta": Rényi radius, "r": consumption}
+
+# The metrics a sweep accepts: the registry's scalar entries for every dimension.
+METRICS: dict[str, Metric] = {name: m for name, m in REGISTRY.items()
+                              if m.scalar and m.d is None}
+# What a spec without keep.metrics keeps (the sweep's metrics before the registry).
+DEFAULT_METRICS = ("max_distance_to_first", "cluster_count", "renyi_count",
+                   "strong_renyi_count", "consumed_renyi", "consumed_strong")
 
 
 @dataclass(frozen=True)
@@ -53,75 +59,26 @@ class Keep:
                 f"r = {self.r_scale:g} |beta|^-1/2 (radii capped at pi; pi at beta = 0, +-inf)")
 
 
-def _max_distance_to_first(states: np.ndarray, x0: np.ndarray, radii: Radii) -> np.ndarray:
-    return geodesic_distance(states, x0[None, :, :1, :]).max(axis=-1)
-
-
-def _cluster_count(states: np.ndarray, x0: np.ndarray, radii: Radii) -> np.ndarray:
-    return cluster_count(states, radii["tol"]).astype(float)
-
-
-def _center_count(finder: Callable) -> Callable:
-    def count(states: np.ndarray, x0: np.ndarray, radii: Radii) -> np.ndarray:
-        return np.array([[finder(X, radii["delta"]).size for X in at_t] for at_t in states],
-                        dtype=float)
-
-    return count
-
-
-def _consumed(finder: Callable) -> Callable:
-    def consumed(states: np.ndarray, x0: np.ndarray, radii: Radii) -> np.ndarray:
-        return np.stack([consumed_fraction(states[:, b], finder(x0[b], radii["delta"]),
-                                           radii["r"]) for b in range(x0.shape[0])], axis=1)
-
-    return consumed
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A per-run summary over time: fn(states (T, B, n, d), x0 (B, n, d), radii) -> (T, B)."""
-
-    fn: Callable[[np.ndarray, np.ndarray, Radii], np.ndarray]
-    units: str
-    definition: str
-
-
-METRICS: dict[str, Metric] = {
-    "max_distance_to_first": Metric(
-        _max_distance_to_first, "rad",
-        "max over tokens k of the geodesic distance from x_k(t) to x_1(0) (Theorem 4.1: -> 0 "
-        "for V = I)"),
-    "cluster_count": Metric(
-        _cluster_count, "1",
-        "number of single-linkage clusters at geodesic tolerance cluster_tol "
-        "(attnflow.analysis.cluster_count)"),
-    "renyi_count": Metric(
-        _center_count(renyi_centers), "1",
-        "number of Rényi centers(delta) of the configuration at time t (docs/science.md §4)"),
-    "strong_renyi_count": Metric(
-        _center_count(strong_renyi_centers), "1",
-        "number of strong Rényi centers(delta) of the configuration at time t "
-        "(docs/science.md §4)"),
-    "consumed_renyi": Metric(
-        _consumed(renyi_centers), "1",
-        "fraction of tokens within geodesic radius r of the current position of a Rényi "
-        "center(delta) of the initial tokens (docs/science.md §4, Fig. 3)"),
-    "consumed_strong": Metric(
-        _consumed(strong_renyi_centers), "1",
-        "fraction of tokens within geodesic radius r of the current position of a strong "
-        "Rényi center(delta) of the initial tokens (docs/science.md §4, Fig. 3)"),
-}
-
-
-def measure(keep: Keep, theta: np.ndarray, x0: np.ndarray, betas: Sequence[float]
+def measure(keep: Keep, theta: np.ndarray, x0: np.ndarray, layers: Sequence[Any]
             ) -> dict[str, np.ndarray]:
     """The kept metrics {name: (B, T)} of directions theta (T, B, n, d) from x0 (B, n, d),
-    betas[i] the beta acting at save time i (one radius set per distinct beta)."""
+    layers[i] the layer acting at save time i (one radius set per distinct layer)."""
     T, B = theta.shape[:2]
     out = {m: np.empty((T, B)) for m in keep.metrics}
-    for beta in dict.fromkeys(betas):
-        at = np.array([b == beta for b in betas])
-        radii = keep.radii(beta)
+    for layer in dict.fromkeys(layers):
+        at = np.array([other is layer for other in layers])
+        context: dict[str, Any] = {**keep.radii(layer.beta), "beta": layer.beta, "x0": x0}
         for m in keep.metrics:
-            out[m][at] = METRICS[m].fn(theta if at.all() else theta[at], x0, radii)
+            if "Q" in METRICS[m].needs:
+                context["Q"], context["K"] = _query_key(layer)
+            out[m][at] = evaluate_metric(m, theta if at.all() else theta[at], **{
+                k: context[k] for k in METRICS[m].needs})
     return {m: v.T for m, v in out.items()}
+
+
+def _query_key(layer: Any) -> tuple[Any, Any]:
+    """Q, K of a layer's single (Q, K, V) head (what the energy takes)."""
+    if len(layer.heads) != 1 or len(layer.heads[0]) != 3:
+        raise fail("keep.metrics", "the energy of layers with one (Q, K, V) head",
+                   repr(layer))
+    return layer.heads[0][0], layer.heads[0][1]

@@ -24,7 +24,7 @@ from attnflow.presets import matrix_from_spec
 from attnflow.savetimes import on_step_grid
 from attnflow.sweeps.axes import MATRICES, REQUIRED, integer, is_number, model_kind, real
 from attnflow.sweeps.axes import axes as grid_axes
-from attnflow.sweeps.metrics import METRICS, Keep
+from attnflow.sweeps.metrics import DEFAULT_METRICS, METRICS, Keep
 from attnflow.sweeps.models import PointModels, digest, owned_by, read_model
 
 MAX_BATCH = 128
@@ -249,7 +249,7 @@ def _seeds(value: Any) -> tuple[int, ...]:
 
 
 def _keep(raw: Mapping[str, Any]) -> Keep:
-    metrics = raw.get("metrics", list(METRICS))
+    metrics = raw.get("metrics", list(DEFAULT_METRICS))
     if not isinstance(metrics, list) or not metrics:
         raise fail("keep.metrics", f"a non-empty list of names from {list(METRICS)}",
                    repr(metrics))

@@ -41,7 +41,7 @@ def _layout(spec: SweepSpec) -> xr.Dataset:
     for name in spec.keep.metrics:
         m = METRICS[name]
         data[name] = (dims + ("time",), da.full((*spec.shape, T), np.nan, chunks=chunks + (T,)),
-                      {"units": m.units, "definition": m.definition})
+                      {"units": m.units, "definition": m.description})
     coords: dict[str, Any] = {k: (k, _coord(v)) for k, v in spec.axes.items()}
     coords.update({k: _coord((v,)).reshape(()) for k, v in spec.fixed.items() if v is not None})
     coords.update(seed=("seed", np.asarray(spec.seeds)), time=("time", np.asarray(spec.times)))

@@ -154,9 +154,9 @@ def _measure(task: Task, runs: list, members: list[int], result: TaskResult) -> 
             "noise"])).generate_state(1, np.uint64)[0] >> 1)}
     traj = simulate(model, x0, task.t_end, save_at=np.asarray(task.times), method=p["method"],
                     dt=p["dt"], rtol=rtol, atol=atol, **noise)
-    betas = [model.layer_at(t).beta for t in traj.times]
+    layers = [model.layer_at(t) for t in traj.times]
     # pre- and peri-LN: the metrics are of the directions
-    values = measure(task.keep, traj.directions, x0, betas)
+    values = measure(task.keep, traj.directions, x0, layers)
     for name, v in values.items():
         result.metrics[name][members] = v
     if result.states is not None:
