@@ -57,13 +57,14 @@ def _forge(ds: xr.Dataset, path: Path) -> Path:
 
 def _forge_states(path: Path, traj: af.Trajectory, shape: tuple[int, ...], **h5) -> Path:
     """A netCDF run whose `states` dataset is made with h5py (`h5`: fillvalue, external,
-    chunks): the other variables and the record from `traj`, marker and all."""
+    chunks): the other variables and the record from `traj`, marker and checksums (but with
+    external storage, which HDF5 keeps contiguous) and all."""
     ds = traj.to_xarray().drop_vars("states").assign_coords(
         run=np.arange(shape[1]), token=np.arange(shape[2]), coord=np.arange(shape[3]))
     ds.attrs[_datafiles.FORMAT_ATTR] = _datafiles.FORMAT
-    ds.to_netcdf(path, engine="h5netcdf")
+    ds.to_netcdf(path, engine="h5netcdf", encoding=_datafiles.checksum_encoding(ds, "netcdf"))
     with h5py.File(path, "r+") as f:
-        states = f.create_dataset("states", shape, "f8", **h5)
+        states = f.create_dataset("states", shape, "f8", fletcher32="external" not in h5, **h5)
         for i, dim in enumerate(("time", "run", "token", "coord")):
             states.dims[i].attach_scale(f[dim])
     with xr.open_dataset(path, engine="h5netcdf") as opened:
