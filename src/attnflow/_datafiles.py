@@ -59,8 +59,8 @@ from attnflow.errors import CorruptFileError
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["CHECKSUMS_FROM", "FORMAT", "MAX_BYTES", "checksum_encoding", "open_dataset",
-           "parse_record", "read_values", "save_dataset"]
+__all__ = ["CHECKSUMS_FROM", "FORMAT", "MAX_BYTES", "checksum_encoding", "load_values",
+           "open_dataset", "parse_record", "read_values", "save_dataset"]
 
 MAX_BYTES = 8 * 2**30  # the default budget of declared sizes: 8 GiB
 FORMAT = 3  # files of format 2 and later carry the completeness marker
@@ -211,8 +211,22 @@ def read_values(path: Any, ds: xr.Dataset, name: str, index: Any = ()) -> np.nda
     try:
         return np.asarray((var[index] if index != () else var).values)
     except Exception as err:
-        raise CorruptFileError(path, name, "data that passes its checksum and decodes",
-                               f"{_bad_chunk(path, name, index)} ({first_line(err)})") from None
+        raise _damaged(path, name, index, err) from None
+
+
+def load_values(path: Any, ds: xr.Dataset) -> None:
+    """Read every variable of `ds` into memory, in place; a read that fails is the one-line
+    error of `read_values`."""
+    for name in list(ds.variables):
+        try:
+            ds.variables[name].load()
+        except Exception as err:
+            raise _damaged(path, str(name), (), err) from None
+
+
+def _damaged(path: Any, name: str, index: Any, err: BaseException) -> CorruptFileError:
+    return CorruptFileError(path, name, "data that passes its checksum and decodes",
+                            f"{_bad_chunk(path, name, index)} ({first_line(err)})")
 
 
 def _bad_chunk(path: Any, name: str, index: Any) -> str:
