@@ -202,14 +202,14 @@ def _crc32c_last(arr: Any) -> bool:
     return bool(compressors) and isinstance(compressors[-1], Crc32cCodec)
 
 
-def read_values(path: Any, ds: xr.Dataset, name: str, index: Any = ()) -> np.ndarray:
+def read_values(path: Any, ds: xr.Dataset, name: str, index: Any = None) -> np.ndarray:
     """The values of variable `name` (at `index` along its first axis, or all), read from
     the file; a read that fails (a chunk that does not pass its checksum or does not decode,
     a chunk file that cannot be read) is one CorruptFileError naming the file, the variable
     and the first chunk that fails."""
     var = ds.variables[name]
     try:
-        return np.asarray((var[index] if index != () else var).values)
+        return np.asarray((var if index is None else var[index]).values)
     except Exception as err:
         raise _damaged(path, name, index, err) from None
 
@@ -221,7 +221,7 @@ def load_values(path: Any, ds: xr.Dataset) -> None:
         try:
             ds.variables[name].load()
         except Exception as err:
-            raise _damaged(path, str(name), (), err) from None
+            raise _damaged(path, str(name), None, err) from None
 
 
 def _damaged(path: Any, name: str, index: Any, err: BaseException) -> CorruptFileError:

@@ -40,6 +40,9 @@ __all__ = ["MAX_BYTES", "StatesOnDisk", "Trajectory", "load"]
 
 FORMATS = {".nc": "netcdf", ".zarr": "zarr"}
 CHUNK_BYTES = 8 * 2**20  # a Zarr chunk of states holds whole save times, up to 8 MiB
+# a netCDF chunk at most HDF5's default chunk cache (1 MiB): larger chunks passed through the
+# Fletcher-32 filter wrote at about half the rate (benchmarks/RESULTS.md)
+HDF5_CHUNK_BYTES = 2**20
 
 
 @dataclass(repr=False)
@@ -194,9 +197,9 @@ class Trajectory(ShortRepr):
         temporary name beside the target, a completeness marker is written last, and the
         temporary is renamed into place when complete (`attnflow._datafiles.save_dataset`;
         docs/guide/files.md). Both formats hold the states in chunks of whole save times (as
-        many as fit in 8 MiB, at least one; a time over 8 MiB split by tokens), so that
-        reading one time reads its own chunks only, each with its checksum (Fletcher-32 in
-        netCDF, crc32c in Zarr)."""
+        many as fit in 8 MiB in Zarr, 1 MiB in netCDF, at least one; a larger time split by
+        tokens), so that reading one time reads its own chunks only, each with its checksum
+        (Fletcher-32 in netCDF, crc32c in Zarr)."""
         path = Path(path)
         kind = FORMATS.get(path.suffix)
         if kind is None:
@@ -204,8 +207,9 @@ class Trajectory(ShortRepr):
         ds = self.to_xarray()
         T, runs, n, d = ds["states"].shape
         per_token = max(1, runs * d * ds["states"].dtype.itemsize)
-        times = max(1, min(T, CHUNK_BYTES // (per_token * n)))
-        tokens = min(n, max(1, CHUNK_BYTES // per_token))  # all, unless one time is large
+        size = CHUNK_BYTES if kind == "zarr" else min(CHUNK_BYTES, HDF5_CHUNK_BYTES)
+        times = max(1, min(T, size // (per_token * n)))
+        tokens = min(n, max(1, size // per_token))  # all, unless one time is large
         chunks = (times, runs, tokens, d)
         encoding = {"states": {"chunks": chunks} if kind == "zarr" else {"chunksizes": chunks}}
         return save_dataset(ds, path, kind, "attnflow", encoding)

@@ -53,7 +53,7 @@ from attnflow._datafiles import (
 from attnflow._files import recover
 from attnflow.errors import CorruptFileError
 
-__all__ = ["HOOKS", "accumulated_resid", "hook_name", "load_trace", "save_trace",
+__all__ = ["HOOKS", "ROW_SUM_TOL", "accumulated_resid", "hook_name", "load_trace", "save_trace",
            "stack_activation", "stacked", "trace", "trace_dataset"]
 
 HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_pattern")
