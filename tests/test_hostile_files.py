@@ -57,13 +57,14 @@ def _forge(ds: xr.Dataset, path: Path) -> Path:
 
 def _forge_states(path: Path, traj: af.Trajectory, shape: tuple[int, ...], **h5) -> Path:
     """A netCDF run whose `states` dataset is made with h5py (`h5`: fillvalue, external,
-    chunks): the other variables and the record from `traj`, marker and all."""
+    chunks): the other variables and the record from `traj`, marker and checksums (but with
+    external storage, which HDF5 keeps contiguous) and all."""
     ds = traj.to_xarray().drop_vars("states").assign_coords(
         run=np.arange(shape[1]), token=np.arange(shape[2]), coord=np.arange(shape[3]))
     ds.attrs[_datafiles.FORMAT_ATTR] = _datafiles.FORMAT
-    ds.to_netcdf(path, engine="h5netcdf")
+    ds.to_netcdf(path, engine="h5netcdf", encoding=_datafiles.checksum_encoding(ds, "netcdf"))
     with h5py.File(path, "r+") as f:
-        states = f.create_dataset("states", shape, "f8", **h5)
+        states = f.create_dataset("states", shape, "f8", fletcher32="external" not in h5, **h5)
         for i, dim in enumerate(("time", "run", "token", "coord")):
             states.dims[i].attach_scale(f[dim])
     with xr.open_dataset(path, engine="h5netcdf") as opened:
@@ -526,3 +527,207 @@ def test_ctrl_c_in_the_cli_exits_130_in_one_line(tmp_path, monkeypatch, capsys):
              str(tmp_path / "run.nc")], prog_name="attnflow")
     assert info.value.code == 130
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: interrupted"
+
+
+# ---------------------------------------------------------------- record fields, dtypes
+def _leaves(rec, at=()):
+    """(path, value) of every leaf of a JSON record."""
+    if isinstance(rec, dict):
+        for key, value in rec.items():
+            yield from _leaves(value, (*at, key))
+    elif isinstance(rec, list):
+        for i, value in enumerate(rec):
+            yield from _leaves(value, (*at, i))
+    else:
+        yield at, rec
+
+
+def _changed(value):
+    """Other values of a leaf's type (and None), as a forger would write them."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value + 1, 5000]
+    if isinstance(value, float):
+        return [2 * value + 1]
+    if isinstance(value, str):
+        return ["x", value + "2"]
+    return [7]
+
+
+def _set(rec, at, value):
+    rec = json.loads(json.dumps(rec))
+    node = rec
+    for key in at[:-1]:
+        node = node[key]
+    node[at[-1]] = value
+    return rec
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("model", [
+    {},
+    {"Q": np.eye(2), "K": 2 * np.eye(2), "V": -np.eye(2)},
+    {"heads": [(np.eye(2), np.eye(2), np.eye(2)), (np.eye(2), np.eye(2), np.eye(2),
+                                                   np.eye(2))], "mask": "window:3",
+     "mlp": "relu:3", "norm": "pre"},
+])
+def test_every_model_field_agrees_with_the_arrays_or_is_refused(tmp_path, model):
+    """Leaves of the model record changed in turn (d, n_heads and 8 others drawn, seeded),
+    the marker recomputed: the file is refused naming the model's record, or it loads a
+    model whose record is the file's (no field says something the arrays do not); d = 7 and
+    n_heads = 5000 are refused."""
+    traj = af.simulate(af.Attention(beta=1.0, **model), af.sphere.uniform(6, 2, 0), 0.5,
+                       save_at=[0.0, 0.5], seed=0)
+    base = traj.to_xarray()
+    meta = json.loads(base.attrs["attnflow"])["model"]
+    refused = set()
+    leaves = list(_leaves(meta))
+    named = [leaf for leaf in leaves if leaf[0] in (("d",), ("n_heads",))]
+    rest = [leaf for leaf in leaves if leaf not in named]
+    picked = np.random.default_rng(len(leaves)).permutation(len(rest))[:8]  # (seconds each)
+    for k, (at, value) in enumerate(named + [rest[i] for i in sorted(picked)]):
+        for other in _changed(value):
+            path = _forge(_record(base.copy(), model=_set(meta, at, other)),
+                          tmp_path / f"f{k}-{len(refused)}-{other!s:.5}.nc")
+            try:
+                back = af.load(path)
+                back.states  # noqa: B018
+            except ValueError as err:
+                message = str(err)
+                assert "\n" not in message and message.startswith(f"{path}: attnflow.model")
+                refused.add(at)
+                continue
+            rebuilt = json.loads(json.dumps(back.model.to_record()[0]))
+            assert rebuilt == _set(meta, at, other), (at, other)
+    assert ("d",) in refused and ("n_heads",) in refused
+
+
+@pytest.mark.parametrize("stored,record,refused", [
+    ("float16", {"dtype": "float64"}, True),
+    ("float32", {"dtype": "float64"}, True),
+    ("float64", {"dtype": "float32"}, True),
+    ("float16", {}, True),  # a file of an earlier version: float32 or float64 only
+    ("float64", {"integrator_dtype": "float32"}, True),  # a tensor run's record
+    ("float64", {"store": "float32"}, True),
+    ("float32", {"store": "float32"}, False),
+    ("float32", {}, False),
+    ("float16", {"dtype": "float16"}, False),
+])
+def test_the_states_dtype_is_the_records(tmp_path, stored, record, refused):
+    ds = _traj().to_xarray()
+    rec = json.loads(ds.attrs["attnflow"])
+    if "dtype" in record:
+        rec["dtype"] = record["dtype"]
+    else:
+        rec.pop("dtype")
+    if "integrator_dtype" in record:
+        rec["integrator"]["dtype"] = record["integrator_dtype"]
+    if "store" in record:
+        rec["integrator"]["store"] = record["store"]
+    ds.attrs["attnflow"] = json.dumps(rec)
+    ds["states"] = ds["states"].astype(stored)
+    path = _forge(ds, tmp_path / "dtype.nc")
+    if refused:
+        _refused(path, "states", what=f"received {stored} states")
+    else:
+        assert af.load(path).states.dtype == np.dtype(stored)
+
+
+def test_summaries_and_the_record_agree(tmp_path):
+    plain = _traj().to_xarray()
+    summed = plain.assign(summary_time=(("summary_time",), np.array([0.0, 0.5, 1.0])))
+    _refused(_forge(summed, tmp_path / "s.nc"), "attnflow.integrator.store",
+             what="with summaries")
+    _refused(_forge(_record(plain, integrator={"method": "rk4", "store": "summaries"}),
+                    tmp_path / "p.nc"), "attnflow.integrator.store", what="no summaries")
+
+
+# ---------------------------------------------------------------- links that go nowhere
+@pytest.mark.parametrize("suffix", [".nc", ".zarr"])
+def test_a_symbolic_link_loop_is_said_to_be_one(tmp_path, suffix):
+    from attnflow.meanfield import load as load_result
+    from attnflow.pretrained.trace import load_trace
+
+    loop = tmp_path / f"loop{suffix}"
+    loop.symlink_to(loop.name)
+    a, b = tmp_path / f"a{suffix}", tmp_path / f"b{suffix}"
+    a.symlink_to(b.name)
+    b.symlink_to(a.name)
+    loaders = [af.load, load_result] + ([load_trace] if suffix == ".zarr" else [])
+    for path in (loop, a):
+        for load in loaders:
+            with pytest.raises(OSError, match=rf"^\[Errno 40\] path: expected a .*, received "
+                               rf"{re.escape(str(path))}, a loop of symbolic links"):
+                load(path)
+    dangling = tmp_path / f"gone{suffix}"
+    dangling.symlink_to("nowhere" + suffix)
+    with pytest.raises(FileNotFoundError, match=r"a symbolic link to nowhere.*, which does not "
+                       "exist"):
+        af.load(dangling)
+    with pytest.raises(FileNotFoundError, match=r"^path: no trajectory at .*missing"):
+        af.load(tmp_path / f"missing{suffix}")
+
+
+# ---------------------------------------------------------------- trace values
+def _trace_store(tmp_path: Path, name: str, *, words=None, pattern=None) -> Path:
+    """A trace saved with attnflow's writer (marker and checksums right), its labels or a
+    pattern replaced after `trace_dataset`'s checks."""
+    from attnflow.pretrained.trace import save_trace, trace_dataset
+
+    rng = np.random.default_rng(0)
+    L, H, n = 2, 2, 6
+    A = rng.random((L, H, n, n)) * np.tri(n)
+    A /= A.sum(-1, keepdims=True)
+    ds = trace_dataset(rng.standard_normal((L, n, 4)), rng.standard_normal((L, n, 4)),
+                       np.arange(n), pattern=A, str_tokens=[f"w{i}" for i in range(n)])
+    if words is not None:
+        ds.attrs["str_tokens"] = words
+    if pattern is not None:
+        ds["blocks.1.attn.hook_pattern"] = (ds["blocks.1.attn.hook_pattern"].dims,
+                                            pattern(A[1]))
+    return save_trace(ds, tmp_path / name)
+
+
+@pytest.mark.parametrize("case,field,what", [
+    ("one label", "str_tokens", "1 labels"),
+    ("a JSON object", "str_tokens", "a JSON dict"),
+    ("numbers", "str_tokens", "not strings"),
+    ("not JSON", "str_tokens", "a JSON str"),
+    ("all 1e6", "blocks.1.attn.hook_pattern", "weights from 1e+06"),
+    ("a NaN", "blocks.1.attn.hook_pattern", "1 non-finite weights"),
+    ("negative", "blocks.1.attn.hook_pattern", "weights from -"),
+    ("rows of 0.5", "blocks.1.attn.hook_pattern", "a row summing to 0.5"),
+    ("one row off", "blocks.1.attn.hook_pattern", "query 4"),
+])
+def test_trace_labels_and_patterns_are_checked(tmp_path, case, field, what):
+    from attnflow.pretrained.trace import ROW_SUM_TOL, load_trace
+
+    words = {"one label": json.dumps(["w"]), "a JSON object": json.dumps({"0": "w"}),
+             "numbers": json.dumps(list(range(6))), "not JSON": "[w0, w1"}.get(case)
+
+    def one_row_off(A):
+        A = A.copy()
+        A[0, 4, 0] += 3 * ROW_SUM_TOL
+        return A
+
+    pattern = {"all 1e6": lambda A: np.full_like(A, 1e6),
+               "a NaN": lambda A: np.where(np.arange(6 * 6 * 2).reshape(A.shape) == 9, np.nan,
+                                           A),
+               "negative": lambda A: A - 0.01,
+               "rows of 0.5": lambda A: A / 2, "one row off": one_row_off}.get(case)
+    path = _trace_store(tmp_path, f"{case.replace(' ', '-')}.zarr", words=words,
+                        pattern=pattern)
+    _refused(path, field, load=load_trace, what=what)
+
+
+def test_a_trace_within_the_stated_tolerance_loads(tmp_path):
+    from attnflow.pretrained.trace import ROW_SUM_TOL, load_trace
+
+    def near(A):
+        A = A.copy()
+        A[:, 1:] *= 1 + ROW_SUM_TOL / 2  # rows (but the first, a single 1) sum to 1 + tol / 2
+        return A
+
+    ds = load_trace(_trace_store(tmp_path, "near.zarr", pattern=near))
+    assert json.loads(ds.attrs["str_tokens"])[5] == "w5"

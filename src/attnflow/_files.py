@@ -15,12 +15,19 @@ marker that writers add last (`attnflow._datafiles`).
 A directory replaces an old one in three renames: old -> ``.NAME.old``, new -> NAME, then the
 old is deleted. A process killed between the first two leaves only ``.NAME.old``:
 `recover` (called by every atomic write and by the loaders) renames it back.
+
+Concurrent saves and loads of one directory: the three renames and the recovery run under an
+exclusive advisory lock (`locked`: `fcntl.flock` on ``.NAME.lock`` beside the target), and
+loaders hold it shared while they read a store, so a second save waits for the first's
+replace (at most `LOCK_TIMEOUT` seconds, then one line saying another process holds the path)
+and a load never sees a store half replaced. The lock file is removed by the last holder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import secrets
 import shutil
@@ -31,8 +38,11 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "check_space", "consolidating", "recover", "remove_tree",
-           "size_text", "write_error", "write_text"]
+__all__ = ["LOCK_TIMEOUT", "atomic_path", "check_space", "consolidating", "locked", "recover",
+           "remove_tree", "size_text", "write_error", "write_text"]
+
+LOCK_TIMEOUT = 60.0  # seconds a save or load waits for another process's lock on its path
+_LOCK_POLL = 0.01  # seconds between tries of a lock held by another process
 
 _ROOT_METADATA = ("zarr.json", ".zgroup", ".zattrs", ".zmetadata")
 
@@ -70,11 +80,85 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def recover(path: str | os.PathLike) -> None:
-    """Rename a lone ``.NAME.old`` (a replace cut between its renames) back to NAME."""
+    """Rename a lone ``.NAME.old`` (a replace cut between its renames) back to NAME (under
+    the path's lock, so that a replace in progress in another process is not undone)."""
     path = Path(path)
     old = _old(path)
-    if old.is_dir() and not os.path.lexists(path):
-        os.replace(old, path)
+    if not old.is_dir():
+        return
+    with locked(path):
+        if old.is_dir() and not os.path.lexists(path):
+            os.replace(old, path)
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, shared: bool = False,
+           timeout: float | None = None) -> Iterator[None]:
+    """Hold the advisory lock of `path` (``.NAME.lock`` beside it, `fcntl.flock`): exclusive
+    for a replace or a recovery, `shared` for a read. Waits at most `timeout` seconds
+    (default `LOCK_TIMEOUT`), then TimeoutError in one line. Where the lock file cannot be
+    created (a folder this user cannot write, where no save of this user can run either) the
+    block runs unlocked. The last holder removes the lock file."""
+    path = Path(path)
+    lock = path.with_name(f".{path.name}.lock")
+    fd = _acquire(path, lock, fcntl.LOCK_SH if shared else fcntl.LOCK_EX,
+                  LOCK_TIMEOUT if timeout is None else timeout)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            _release(fd, lock)
+
+
+def _acquire(path: Path, lock: Path, mode: int, wait: float) -> int | None:
+    """An open descriptor of `lock` holding the flock `mode`; None where it cannot be made."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except OSError as err:
+            if err.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+                return None
+            raise
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(
+                            errno.ETIMEDOUT, f"path: expected a path no other process is "
+                            f"saving to, received {path}, locked by another process for "
+                            f"{wait:g} s (its lock file: {lock})") from None
+                    time.sleep(_LOCK_POLL)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, lock):  # not a lock file its last holder removed meanwhile
+            return fd
+        os.close(fd)
+
+
+def _release(fd: int, lock: Path) -> None:
+    """Unlock; the last holder (the one that can take it exclusively) removes the file."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def remove_tree(path: Path, settle: float = 0.05, patience: float = 2.0) -> None:
@@ -172,8 +256,17 @@ def _old(path: Path) -> Path:
 
 
 def _replace(src: Path, dst: Path) -> None:
-    """Move src onto dst; a directory replaces the old one only once src is complete."""
-    if src.is_dir() and os.path.lexists(dst):
+    """Move src onto dst; a directory replaces the old one only once src is complete (under
+    the lock of dst: one replace at a time, no load in the middle of one)."""
+    if not src.is_dir():
+        os.replace(src, dst)
+        return
+    with locked(dst):
+        _replace_directory(src, dst)
+
+
+def _replace_directory(src: Path, dst: Path) -> None:
+    if os.path.lexists(dst):
         old = _old(dst)
         if old.exists():  # a leftover beside a complete dst: garbage
             remove_tree(old)

@@ -6,6 +6,7 @@ netCDF (``.nc``) or Zarr (``.zarr``); `load` reads it back bit-identically, mode
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -14,9 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnflow._array import to_numpy
+from attnflow._array import dtype_name, to_numpy
 from attnflow._checks import fail
-from attnflow._datafiles import MAX_BYTES, first_line, open_dataset, parse_record, save_dataset
+from attnflow._datafiles import (
+    MAX_BYTES,
+    check_exists,
+    first_line,
+    open_dataset,
+    parse_record,
+    read_values,
+    reading,
+    save_dataset,
+)
 from attnflow._files import recover
 from attnflow._repr import Plain, ShortRepr
 from attnflow.errors import CorruptFileError
@@ -30,6 +40,9 @@ __all__ = ["MAX_BYTES", "StatesOnDisk", "Trajectory", "load"]
 
 FORMATS = {".nc": "netcdf", ".zarr": "zarr"}
 CHUNK_BYTES = 8 * 2**20  # a Zarr chunk of states holds whole save times, up to 8 MiB
+# a netCDF chunk at most HDF5's default chunk cache (1 MiB): larger chunks passed through the
+# Fletcher-32 filter wrote at about half the rate (benchmarks/RESULTS.md)
+HDF5_CHUNK_BYTES = 2**20
 
 
 @dataclass(repr=False)
@@ -179,7 +192,8 @@ class Trajectory(ShortRepr):
         meta, _ = self.model.to_record()
         return {"model": meta, "integrator": self.integrator, "seed": self.seed,
                 "n_evals": self.n_evals, "wall_time": self.wall_time, "version": self.version,
-                "commit": self.commit, "batch_shape": list(self.batch_shape)}
+                "commit": self.commit, "batch_shape": list(self.batch_shape),
+                "dtype": dtype_name(self._states)}
 
     def to_xarray(self) -> xr.Dataset:
         """A Dataset with `states` on dims (time, run, token, coord) (runs flattened; the
@@ -212,21 +226,22 @@ class Trajectory(ShortRepr):
         """Write to ``.nc`` (netCDF4 via h5netcdf) or ``.zarr``, atomically: the data goes to a
         temporary name beside the target, a completeness marker is written last, and the
         temporary is renamed into place when complete (`attnflow._datafiles.save_dataset`;
-        docs/guide/files.md). A Zarr store holds the states in chunks of whole save times
-        (as many as fit in 8 MiB, at least one; a time over 8 MiB split by tokens), so that
-        reading one time reads its own chunks only."""
+        docs/guide/files.md). Both formats hold the states in chunks of whole save times (as
+        many as fit in 8 MiB in Zarr, 1 MiB in netCDF, at least one; a larger time split by
+        tokens), so that reading one time reads its own chunks only, each with its checksum
+        (Fletcher-32 in netCDF, crc32c in Zarr)."""
         path = Path(path)
         kind = FORMATS.get(path.suffix)
         if kind is None:
             raise fail("path", f"a file name ending in one of {sorted(FORMATS)}", str(path))
         ds = self.to_xarray()
-        encoding = None
-        if kind == "zarr":
-            T, runs, n, d = ds["states"].shape
-            per_token = max(1, runs * d * ds["states"].dtype.itemsize)
-            times = max(1, min(T, CHUNK_BYTES // (per_token * n)))
-            tokens = min(n, max(1, CHUNK_BYTES // per_token))  # all, unless one time is large
-            encoding = {"states": {"chunks": (times, runs, tokens, d)}}
+        T, runs, n, d = ds["states"].shape
+        per_token = max(1, runs * d * ds["states"].dtype.itemsize)
+        size = CHUNK_BYTES if kind == "zarr" else min(CHUNK_BYTES, HDF5_CHUNK_BYTES)
+        times = max(1, min(T, size // (per_token * n)))
+        tokens = min(n, max(1, size // per_token))  # all, unless one time is large
+        chunks = (times, runs, tokens, d)
+        encoding = {"states": {"chunks": chunks} if kind == "zarr" else {"chunksizes": chunks}}
         return save_dataset(ds, path, kind, "attnflow", encoding)
 
 
@@ -268,16 +283,16 @@ def load(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> Trajecto
     if kind is None:
         raise fail("path", f"a file name ending in one of {sorted(FORMATS)}", str(path))
     recover(path)
-    if not path.exists():
-        raise FileNotFoundError(f"path: no trajectory at {path}")
+    check_exists(path, "trajectory")
 
     expected = f"a run written by attnflow (Trajectory.save, attnflow simulate) as {kind}"
-    ds = open_dataset(path, kind, "attnflow", expected, max_bytes, indexes=False)
-    if "attnflow" not in ds.attrs:
-        what = ("a sweep store (open it with xarray.open_zarr)" if "attnflow_sweep" in ds.attrs
-                else "a dataset without the 'attnflow' record")
-        raise fail("path", expected, f"{path}, {what}")
-    return _from_dataset(path, ds)
+    with reading(path, kind):  # (a store: no save replaces it meanwhile)
+        ds = open_dataset(path, kind, "attnflow", expected, max_bytes, indexes=False)
+        if "attnflow" not in ds.attrs:
+            what = ("a sweep store (open it with xarray.open_zarr)"
+                    if "attnflow_sweep" in ds.attrs else "a dataset without the 'attnflow' record")
+            raise fail("path", expected, f"{path}, {what}")
+        return _from_dataset(path, ds)
 
 
 def from_xarray(ds: xr.Dataset) -> Trajectory:
@@ -289,14 +304,15 @@ def from_xarray(ds: xr.Dataset) -> Trajectory:
 RECORD_FIELDS: dict[str, tuple[type, ...]] = {
     "model": (dict,), "integrator": (dict,), "batch_shape": (list,),
     "seed": (int, type(None)), "n_evals": (int,), "wall_time": (int, float),
-    "version": (str,), "commit": (str, type(None))}
+    "version": (str,), "commit": (str, type(None)), "dtype": (str,)}
+OPTIONAL_FIELDS = ("commit", "dtype")  # (absent in files of earlier versions)
 
 
 def _from_dataset(path: Any, ds: xr.Dataset) -> Trajectory:
     """The Trajectory of a Dataset written by `Trajectory.to_xarray`, its states lazy."""
     rec = parse_record(path, ds, "attnflow")
     for name, types in RECORD_FIELDS.items():
-        if name not in rec and name == "commit":
+        if name not in rec and name in OPTIONAL_FIELDS:
             continue
         value = rec.get(name)
         if name not in rec or not isinstance(value, types) or isinstance(value, bool):
@@ -318,10 +334,16 @@ def _from_dataset(path: Any, ds: xr.Dataset) -> Trajectory:
     if T == 0 or n == 0 or d == 0:
         raise CorruptFileError(path, "states", "at least one save time, token and coordinate",
                                f"shape {var.shape}")
+    _check_dtype(path, rec, var.dtype)
     times = _times(path, ds, T)
-    arrays = {str(k): ds.variables[k].values for k in ds.data_vars
+    arrays = {str(k): read_values(path, ds, str(k)) for k in ds.data_vars
               if k != "states" and not str(k).startswith("summary_")}
-    summaries = _summaries(ds, batch)
+    summaries = _summaries(path, ds, batch)
+    if (rec["integrator"].get("store") == "summaries") != (summaries is not None):
+        raise CorruptFileError(path, "attnflow.integrator.store", "summary_* variables for "
+                               "store 'summaries' and none otherwise", repr(
+                                   rec["integrator"].get("store"))[:40] + " with " + (
+                                   "summaries" if summaries else "no summaries"))
     try:
         model = model_from_record(rec["model"], arrays)
     except Exception as err:  # a record that does not build a model: name the field
@@ -332,9 +354,10 @@ def _from_dataset(path: Any, ds: xr.Dataset) -> Trajectory:
     except ValueError as err:
         raise CorruptFileError(path, "attnflow.model", f"a model for the states' (n, d) = "
                                f"({n}, {d})", str(err)) from None
+    _check_model_record(path, rec["model"], model)
     return Trajectory(
         times=times,
-        states=StatesOnDisk(path, var, (T, *batch, n, d), model),
+        states=StatesOnDisk(path, ds, (T, *batch, n, d), model),
         model=model,
         integrator=rec["integrator"],
         seed=rec["seed"],
@@ -346,10 +369,65 @@ def _from_dataset(path: Any, ds: xr.Dataset) -> Trajectory:
     )
 
 
-def _summaries(ds: xr.Dataset, batch: list[int]) -> dict[str, np.ndarray] | None:
+def _check_dtype(path: Any, rec: dict[str, Any], dtype: np.dtype) -> None:
+    """The states' dtype is the one the record says the run kept: its "dtype" (files of
+    this version), else a tensor run's integrator "dtype", float32 for store "float32",
+    float32 or float64 for the rest."""
+    integrator = rec["integrator"]
+    said = rec.get("dtype", integrator.get("dtype"))
+    if said is None and integrator.get("store") == "float32":
+        said = "float32"
+    if said is None:
+        ok, want = dtype in (np.float32, np.float64), "float32 or float64 states"
+    else:
+        ok, want = str(dtype) == str(said), f"{said} states (the record's run)"
+    if not ok:
+        raise CorruptFileError(path, "states", want, f"{dtype} states")
+
+
+def _check_model_record(path: Any, stored: Any, model: Model) -> None:
+    """Every field of the stored model record is the one the model built from it (and the
+    file's arrays) writes: n_heads, d, identity, ... say what the arrays are, so they must
+    agree (fields of earlier versions that the model no longer writes are not compared)."""
+    import json
+
+    rebuilt = json.loads(json.dumps(model.to_record()[0]))
+    where = _differs(stored, rebuilt, "attnflow.model")
+    if where is not None:
+        field_, held, built = where
+        raise CorruptFileError(path, field_, f"{built[:60]} (what the file's arrays and the "
+                               "rest of the record make)", held[:60])
+
+
+def _differs(stored: Any, rebuilt: Any, at: str) -> tuple[str, str, str] | None:
+    """(field, stored, rebuilt) of the first field of `stored` whose value `rebuilt` does not
+    have (keys `rebuilt` lacks, and a mask given as nested lists by earlier versions, are
+    skipped), else None."""
+    if isinstance(stored, dict) and isinstance(rebuilt, dict):
+        for key, value in stored.items():
+            if key not in rebuilt or (key == "array" and isinstance(value, list)):
+                continue
+            found = _differs(value, rebuilt[key], f"{at}.{key}")
+            if found is not None:
+                return found
+        return None
+    if isinstance(stored, list) and isinstance(rebuilt, list) and len(stored) == len(rebuilt):
+        for i, (a, b) in enumerate(zip(stored, rebuilt)):
+            found = _differs(a, b, f"{at}[{i}]")
+            if found is not None:
+                return found
+        return None
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                  for v in (stored, rebuilt))
+    if stored == rebuilt and (numbers or type(stored) is type(rebuilt)):
+        return None
+    return at, repr(stored), repr(rebuilt)
+
+
+def _summaries(path: Any, ds: xr.Dataset, batch: list[int]) -> dict[str, np.ndarray] | None:
     """The `summary_*` variables of a run with store="summaries", runs unflattened."""
-    summaries = {str(name)[len("summary_"):]: ds.variables[name].values for name in ds.variables
-                 if str(name).startswith("summary_")}
+    summaries = {str(name)[len("summary_"):]: read_values(path, ds, str(name))
+                 for name in ds.variables if str(name).startswith("summary_")}
     for name, arr in summaries.items():
         if name != "time":
             summaries[name] = arr.reshape(len(arr), *batch, *arr.shape[2:])
@@ -364,7 +442,7 @@ def _times(path: Any, ds: xr.Dataset, T: int) -> np.ndarray:
     if var.dims != ("time",) or var.dtype.kind not in "fiu":
         raise CorruptFileError(path, "time", "numbers on dimension time",
                                f"{var.dtype} on {var.dims}")
-    times = np.asarray(var.values, dtype=float)
+    times = np.asarray(read_values(path, ds, "time"), dtype=float)
     if not np.all(np.isfinite(times)):
         raise CorruptFileError(path, "time", "finite save times",
                                f"{int(np.sum(~np.isfinite(times)))} non-finite")
@@ -379,18 +457,20 @@ class StatesOnDisk:
     """The states of a loaded run, still in the file: shape and dtype known, values read
     (and checked: `check_states`) when indexed. `Trajectory.states` reads them all once."""
 
-    def __init__(self, path: Any, variable: Any, shape: tuple[int, ...], model: Model):
-        self.path, self.variable, self.shape, self.model = path, variable, shape, model
-        self.dtype = variable.dtype
+    def __init__(self, path: Any, ds: Any, shape: tuple[int, ...], model: Model):
+        self.path, self.ds, self.shape, self.model = path, ds, shape, model
+        self.dtype = ds.variables["states"].dtype
         self.stamp = _stamp(path)
 
     def read(self, t: int | slice = slice(None)) -> np.ndarray:
         """The states at save index (or slice) `t`, checked."""
-        if _stamp(self.path) != self.stamp:
-            raise CorruptFileError(self.path, "states", "the file load opened", "a file "
-                                   "replaced since (load it again)")
+        kind = FORMATS.get(Path(self.path).suffix) if self.stamp is not None else None
+        with reading(self.path, kind) if kind else contextlib.nullcontext():
+            if _stamp(self.path) != self.stamp:
+                raise CorruptFileError(self.path, "states", "the file load opened", "a file "
+                                       "replaced since (load it again)")
+            values = read_values(self.path, self.ds, "states", t)
         T, *rest = self.shape
-        values = np.asarray(self.variable[t].values)
         values = values.reshape(*values.shape[:-3], *rest)
         check_states(values, self.model, self.path)
         return values

@@ -3,6 +3,8 @@ page (see `attnflow.explorer`)."""
 
 from __future__ import annotations
 
+import os
+import stat
 from enum import Enum
 from pathlib import Path
 
@@ -23,6 +25,9 @@ class Onto(str, Enum):
     sphere = "sphere"
 
 
+MAX_METADATA_BYTES = 1 << 24  # a store's root metadata larger than this is not read here
+
+
 def is_trace_file(path: Path) -> bool:
     """Whether path is a trace written by `attnflow.pretrained.save_trace` (a .zarr store
     whose root attributes hold ``attnflow_trace``), read without opening the arrays."""
@@ -30,8 +35,15 @@ def is_trace_file(path: Path) -> bool:
         return False
     for meta in ("zarr.json", ".zattrs"):
         file = path / meta
-        if file.is_file() and '"attnflow_trace"' in file.read_text("utf-8", errors="replace"):
-            return True
+        try:
+            st = os.lstat(file)
+        except OSError:
+            continue
+        # a regular file of metadata size only (a link, a FIFO or 1 GB are left to load's
+        # checks, which refuse them in one line)
+        if stat.S_ISREG(st.st_mode) and st.st_size <= MAX_METADATA_BYTES:
+            if '"attnflow_trace"' in file.read_text("utf-8", errors="replace"):
+                return True
     return False
 
 

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow._datafiles import MAX_BYTES, first_line, open_dataset, parse_record, save_dataset
+from attnflow._datafiles import (
+    MAX_BYTES,
+    check_exists,
+    first_line,
+    open_dataset,
+    parse_record,
+    save_dataset,
+)
 from attnflow._files import recover
 from attnflow._version import __version__, git_commit
 from attnflow.errors import CorruptFileError
@@ -157,8 +164,7 @@ def load(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> MeanFiel
     path = Path(path)
     kind = _kind(path)
     recover(path)
-    if not path.exists():
-        raise FileNotFoundError(f"path: no mean-field result at {path}")
+    check_exists(path, "mean-field result")
     expected = f"a mean-field result written by attnflow (MeanFieldResult.save) as {kind}"
     ds = open_dataset(path, kind, "attnflow_meanfield", expected, max_bytes)
     if "attnflow_meanfield" not in ds.attrs:

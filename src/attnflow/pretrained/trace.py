@@ -42,16 +42,18 @@ import numpy as np
 from attnflow._checks import describe, fail, finite_array
 from attnflow._datafiles import (
     MAX_BYTES,
+    check_exists,
+    load_values,
     open_dataset,
     parse_record,
+    reading,
     save_dataset,
     strip_attrs,
-    unreadable,
 )
 from attnflow._files import recover
 from attnflow.errors import CorruptFileError
 
-__all__ = ["HOOKS", "accumulated_resid", "hook_name", "load_trace", "save_trace",
+__all__ = ["HOOKS", "ROW_SUM_TOL", "accumulated_resid", "hook_name", "load_trace", "save_trace",
            "stack_activation", "stacked", "trace", "trace_dataset"]
 
 HOOKS = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "attn.hook_pattern")
@@ -59,6 +61,7 @@ _DIMS = {"hook_resid_pre": ("pos", "d_model"), "hook_resid_mid": ("pos", "d_mode
          "hook_resid_post": ("pos", "d_model"),
          "attn.hook_pattern": ("head_index", "query_pos", "key_pos")}
 _FORMAT = 1
+ROW_SUM_TOL = 1e-3  # |sum of a pattern row - 1| allowed (float32 sums over 10^4 keys: 1e-4)
 
 
 def hook_name(layer: int, hook: str) -> str:
@@ -104,6 +107,10 @@ def trace_dataset(resid_pre: Any, resid_post: Any, token_ids: Sequence[int], *,
         arrays["hook_resid_mid"] = _floats("resid_mid", resid_mid, (L, n, d))
     if pattern is not None:
         arrays["attn.hook_pattern"] = _floats("pattern", pattern, (L, None, n, n))
+        bad = _pattern_fault(arrays["attn.hook_pattern"])
+        if bad:
+            raise fail("pattern", "attention weights (in [0, 1], rows summing to 1 within "
+                       f"{ROW_SUM_TOL:g})", bad)
     ids = np.asarray(token_ids)
     if ids.shape != (n,) or not np.issubdtype(ids.dtype, np.integer):
         raise fail("token_ids", f"{n} integer token ids (one per position)", describe(ids))
@@ -144,26 +151,73 @@ def save_trace(ds: Any, path: str | os.PathLike) -> Path:
 
 def load_trace(path: str | os.PathLike, max_bytes: int | None = MAX_BYTES) -> Any:
     """Read a trace written by `save_trace`, into memory, with the checks of `attnflow.load`
-    (nothing but the store read, declared sizes within `max_bytes`, complete) and every
-    layer of every hook present, 0..L-1. A missing path raises FileNotFoundError; anything
-    that is not a trace, a ValueError naming the file (and the field)."""
+    (nothing but the store read, declared sizes within `max_bytes`, complete, every chunk
+    passing its checksum), every layer of every hook present, 0..L-1, the labels
+    ``str_tokens`` one string per token and the attention patterns attention weights (finite,
+    in [0, 1], every row summing to 1 within `ROW_SUM_TOL`). A missing path raises
+    FileNotFoundError; anything that is not a trace, a ValueError naming the file (and the
+    field)."""
     path = Path(path)
     recover(path)
-    if not path.exists():
-        raise FileNotFoundError(f"path: no trace at {path}")
+    check_exists(path, "trace")
+    with reading(path, "zarr"):
+        return _load_trace(path, max_bytes)
+
+
+def _load_trace(path: Path, max_bytes: int | None) -> Any:
     ds = open_dataset(path, "zarr", "attnflow_trace",
                       "a trace written by save_trace (a Zarr store)", max_bytes)
     if "attnflow_trace" not in ds.attrs or "tokens" not in ds:
         raise fail("path", "a trace written by save_trace", f"{path}, another dataset")
     parse_record(path, ds, "attnflow_trace")
     _check_layers(path, ds)
-    try:
-        ds = ds.load()
-    except Exception as err:  # a chunk that cannot be decoded
-        raise unreadable(path, "a trace written by save_trace (a Zarr store)", err) from None
+    load_values(path, ds)  # into memory, each chunk checked (checksum, decoding)
+    _check_values(path, ds)
     strip_attrs(ds)
     _register_accessor()
     return ds
+
+
+def _pattern_fault(A: np.ndarray) -> str:
+    """What is wrong with attention weights A (..., n, n), rows being queries: '' if
+    nothing (finite, in [0, 1], every row summing to 1 within ROW_SUM_TOL; masked keys
+    hold 0)."""
+    if not np.all(np.isfinite(A)):
+        return f"{int(np.sum(~np.isfinite(A)))} non-finite weights"
+    if A.size and (A.min() < 0 or A.max() > 1):
+        return f"weights from {A.min():.3g} to {A.max():.3g}"
+    off = np.abs(A.sum(axis=-1, dtype=np.float64) - 1.0)
+    if off.size and off.max() > ROW_SUM_TOL:
+        row = np.unravel_index(int(np.argmax(off)), off.shape)
+        return f"a row summing to {1 + off[row] if A[row].sum() > 1 else 1 - off[row]:.6g} " \
+               f"(query {row[-1]})"
+    return ""
+
+
+def _check_values(path: Path, ds: Any) -> None:
+    """The token ids integers, the labels n strings, the patterns attention weights."""
+    n = ds.sizes["pos"] if "pos" in ds.sizes else 0
+    tokens = ds["tokens"]
+    if tokens.dims != ("pos",) or tokens.dtype.kind not in "iu":
+        raise CorruptFileError(path, "tokens", f"{n} integer token ids on pos",
+                               f"{tokens.dtype} on {tokens.dims}")
+    if "str_tokens" in ds.attrs:
+        try:
+            words = json.loads(ds.attrs["str_tokens"])
+        except (TypeError, ValueError, RecursionError):
+            words = ds.attrs["str_tokens"]
+        if (not isinstance(words, list) or len(words) != n
+                or not all(isinstance(w, str) for w in words)):
+            got = (f"a JSON {type(words).__name__}" if not isinstance(words, list) else
+                   f"{len(words)} labels" if len(words) != n else "labels that are not strings")
+            raise CorruptFileError(path, "str_tokens", f"a JSON list of {n} strings (one label "
+                                   "per token)", got)
+    for name in map(str, ds.data_vars):
+        if name.endswith(".attn.hook_pattern"):
+            bad = _pattern_fault(ds[name].values)
+            if bad:
+                raise CorruptFileError(path, name, "attention weights (finite, in [0, 1], "
+                                       f"rows summing to 1 within {ROW_SUM_TOL:g})", bad)
 
 
 def _check_layers(path: Path, ds: Any) -> None:

@@ -23,7 +23,11 @@ written last. Tensors are checked finite before they are written. An entry is us
   `os.lstat` before it is opened, and opened with O_NOFOLLOW | O_NONBLOCK, so a FIFO cannot
   block the read);
 * its size and the SHA-256 of all its bytes are the recorded ones; for a tensor, its .npy
-  header then says float32 of the expected shape.
+  header then says float32 of the expected shape, and its values are finite (an entry and
+  its record both rewritten, e.g. by a writer of another version, can hold a NaN).
+
+An index.json that is not a readable index (malformed, nested too deeply, another file's)
+is one warning and reads as empty: every entry is then rebuilt and the index rewritten.
 
 Anything else (an entry copied over another of the same shape, a link to another array, a
 flipped bit, an edited header.json, a FIFO) is refused with a one-line `CacheWarning` naming
@@ -161,7 +165,10 @@ class WeightCache:
         except _Refused as why:
             if warn:
                 self._warn(path, str(why))
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        except RecursionError:
+            if warn:
+                self._warn(path, "JSON nested too deeply to read")
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
             if warn:
                 self._warn(path, f"unreadable ({type(err).__name__})")
         return {}
@@ -233,6 +240,11 @@ class WeightCache:
             return None
         a = np.frombuffer(data, dtype=dtype, count=int(np.prod(shape)),
                           offset=view.tell()).reshape(shape)
+        bad = _non_finite(a)
+        if bad:
+            self._warn(self.path(name), f"{bad} non-finite values (the recorded digest is of "
+                       "bytes written by another writer)")
+            return None
         self._arrays[name] = a
         return a
 
@@ -258,7 +270,8 @@ class WeightCache:
         data = self._verified(f"{name}.json")
         try:
             return None if data is None else json.loads(bytes(data))
-        except ValueError:
+        except (ValueError, RecursionError):
+            self._warn(self.folder / f"{name}.json", "not a JSON document this reader reads")
             return None
 
     def write_json(self, name: str, value: Any) -> None:
@@ -272,6 +285,14 @@ class WeightCache:
             self._record(path.name, len(text), hashlib.sha256(text).hexdigest())
         except OSError:
             pass
+
+
+def _non_finite(a: np.ndarray) -> int:
+    """The number of non-finite values of `a`, counted a few MB at a time (beside the
+    SHA-256 of the same bytes, a fraction of its cost)."""
+    flat = a.reshape(-1)
+    return sum(int(flat[i:i + _CHUNK // 4].size - np.count_nonzero(
+        np.isfinite(flat[i:i + _CHUNK // 4]))) for i in range(0, flat.size, _CHUNK // 4))
 
 
 def _as_file(data: mmap.mmap | bytes) -> Any:
