@@ -9,9 +9,11 @@ float32, or only summaries of them, for runs too big to keep.
   - ``mean``: the first moment (1/n) sum_i u_i of the token directions, (T, ..., d) (on the
     circle, its complex form is the first Fourier moment of the tokens' angles);
   - ``clusters``: the single-linkage cluster count at the geodesic tolerance `cluster_tol`
-    (`attnflow.cluster_count`), (T, ...): on the circle at any n (O(n log n)), on S^{d-1},
+    (`attnflow.analysis.clusters.cluster_count`), (T, ...): on the circle at any n (O(n log n)), on
+    S^{d-1},
     d > 2, up to `SMALL` tokens (Prim's tree is O(n^2));
-  - ``log_energy``: log E_beta (`attnflow.log_energy`), (T, ...), where it is defined (one
+  - ``log_energy``: log E_beta (`attnflow.analysis.energy.log_energy`), (T, ...), where it is
+  defined (one
     layer of one (Q, K, V) head, 0 < beta < inf): by harmonic moments in O(n K) where they
     apply (circle and S^2, Q and K multiples of orthogonal matrices), else directly up to
     `SMALL` tokens.
@@ -99,7 +101,7 @@ class Keep:
 
 def summaries(model: Any, cluster_tol: float, x: np.ndarray) -> dict[str, np.ndarray]:
     """The summaries of the state x (..., n, d) of a run of `model` (module docstring)."""
-    from attnflow.analysis import cluster_count
+    from attnflow.analysis.clusters import cluster_count
     from attnflow.manifolds import directions
 
     u = directions(x)
@@ -115,7 +117,7 @@ def summaries(model: Any, cluster_tol: float, x: np.ndarray) -> dict[str, np.nda
 
 def _log_energy(model: Any, u: np.ndarray) -> np.ndarray | None:
     """log E_beta of the directions u (...), where defined and affordable, else None."""
-    from attnflow.analysis import log_energy
+    from attnflow.analysis.energy import log_energy
     from attnflow.kernels import harmonic
 
     layers = model.layers

@@ -133,7 +133,8 @@ class Trajectory(ShortRepr):
         for layer in set(layers):
             if len(layer.heads) != 1 or len(layer.heads[0]) != 3:
                 raise fail("model", "layers with one (Q, K, V) head each (E_beta takes one Q, "
-                           "K; call attnflow.energy(traj.directions, beta, Q, K) otherwise)",
+                           "K; call attnflow.analysis.energy.energy(traj.directions, beta, Q, "
+                           "K) otherwise)",
                            repr(layer))
         out = np.empty(self.states.shape[:-2])
         theta = self.directions

@@ -123,7 +123,7 @@ def angular_distance(X: Any) -> np.ndarray:
 
 def cluster_count_at(X: Any, tol: float, min_size: int = 1) -> np.ndarray:
     """(...) int, single-linkage clusters of at least min_size tokens of the directions of X
-    (..., n, d) at geodesic tolerance tol (radians), `attnflow.analysis.cluster_count`."""
+    (..., n, d) at geodesic tolerance tol (radians), `attnflow.analysis.clusters.cluster_count`."""
     theta = _directions("X", X)
     if theta.shape[-1] < 2:
         raise fail("X", "tokens in R^d with d >= 2", describe(theta))
@@ -141,13 +141,13 @@ def _center_count(centers: Any, X: Any, delta: float) -> np.ndarray:
 
 def renyi_center_count(X: Any, delta: float) -> np.ndarray:
     """(...) int, the number of Rényi centers of the directions of X (..., n, d) at radius
-    delta (radians), `attnflow.analysis.renyi_centers`."""
+    delta (radians), `attnflow.analysis.renyi.renyi_centers`."""
     return _center_count(renyi_centers, X, delta)
 
 
 def strong_renyi_center_count(X: Any, delta: float) -> np.ndarray:
     """(...) int, the number of strong Rényi centers of the directions of X (..., n, d) at
-    radius delta (radians), `attnflow.analysis.strong_renyi_centers`."""
+    radius delta (radians), `attnflow.analysis.renyi.strong_renyi_centers`."""
     return _center_count(strong_renyi_centers, X, delta)
 
 

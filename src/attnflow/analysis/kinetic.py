@@ -59,7 +59,7 @@ def growth_rate(beta: float, k: Any) -> np.ndarray:
     """lambda_k = k (I_{k-1}(beta) - I_{k+1}(beta)) / (2 I_0(beta)) (per unit time): the rate
     at which Fourier mode k >= 1 of the uniform density grows under softmax attention
     (Q = K = V = I, no noise), for beta of either sign (beta < 0: negative for even k, see
-    `attnflow.analysis.dispersion_rate`). Vectorised over k."""
+    `attnflow.analysis.closedforms.dispersion_rate`). Vectorised over k."""
     k = np.asarray(k, dtype=float)
     if not np.isfinite(beta) or np.any(k < 1) or np.any(k != np.round(k)):
         raise fail("beta, k", "a finite beta and integer modes k >= 1", f"beta {beta}, k {k}")

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import (
+from attnflow.analysis.closedforms import (
     instability_strength,
     linear_fluctuation,
     mode_growth_rate,

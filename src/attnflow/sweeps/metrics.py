@@ -3,7 +3,7 @@
 A metric maps the saved token directions of a batch of runs, (T, B, n, d), and their initial
 tokens (B, n, d) to values (T, B). Its radii (cluster tolerance, Rényi radius delta,
 consumption radius r, all in rad) are scales of |beta|^{-1/2} (beta of either sign:
-`attnflow.analysis.length_scale`); at each save time t they use the
+`attnflow.analysis.clusters.length_scale`); at each save time t they use the
 beta of the layer acting at t (``model.layer_at(t).beta``: the only beta of a tied model).
 """
 
@@ -15,14 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnflow.analysis import (
-    cluster_count,
-    consumed_fraction,
-    default_cluster_tol,
-    length_scale,
-    renyi_centers,
-    strong_renyi_centers,
-)
+from attnflow.analysis.clusters import cluster_count, default_cluster_tol, length_scale
+from attnflow.analysis.renyi import consumed_fraction, renyi_centers, strong_renyi_centers
 from attnflow.sphere import geodesic_distance
 
 Radii = dict[str, float]  # {"tol": cluster tolerance, "delta": Rényi radius, "r": consumption}
@@ -94,7 +88,7 @@ METRICS: dict[str, Metric] = {
     "cluster_count": Metric(
         _cluster_count, "1",
         "number of single-linkage clusters at geodesic tolerance cluster_tol "
-        "(attnflow.analysis.cluster_count)"),
+        "(attnflow.analysis.clusters.cluster_count)"),
     "renyi_count": Metric(
         _center_count(renyi_centers), "1",
         "number of Rényi centers(delta) of the configuration at time t (docs/science.md §4)"),
