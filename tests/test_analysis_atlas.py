@@ -6,7 +6,8 @@ from scipy.linalg import expm
 from scipy.spatial.transform import Rotation
 
 import attnflow as af
-from attnflow.analysis import ROWS, distance_to_subspace
+from attnflow.analysis import atlas
+from attnflow.analysis.atlas import ROWS, distance_to_subspace
 from attnflow.sphere import geodesic_distance, normalize, uniform
 
 R = Rotation.random(random_state=0).as_matrix()
@@ -31,7 +32,7 @@ ROW_SPECTRA = {
 def test_predict_every_row(row, basis):
     D = np.array(ROW_SPECTRA[row])
     V = conjugate(D, basis)
-    p = af.predict_configuration(V)
+    p = atlas.predict_configuration(V)
     assert p.row == row and p.label.startswith(ROWS[row])
     assert p.lambda_max == pytest.approx(D[0], abs=1e-10)
     top = D == D[0]
@@ -50,14 +51,14 @@ def test_predicted_point_is_the_limit_of_the_first_token(basis):
     spectral, not the orthogonal, projection."""
     V = conjugate(np.array([2.0, 2.0, 1.0]), basis)
     x1 = uniform(1, 3, seed=1)[0]
-    p = af.predict_configuration(V, x1_0=x1)
+    p = atlas.predict_configuration(V, x1_0=x1)
     limit = normalize(expm(40 * V) @ x1)
     assert geodesic_distance(p.point, limit) < 1e-12
     orthogonal = normalize(p.L @ (p.L.T @ x1))
     if basis is S:
         assert geodesic_distance(orthogonal, limit) > 1e-2
     # V = lambda I: the point is x_1(0) itself.
-    assert np.allclose(af.predict_configuration(2 * np.eye(3), x1_0=x1).point, x1)
+    assert np.allclose(atlas.predict_configuration(2 * np.eye(3), x1_0=x1).point, x1)
 
 
 @pytest.mark.parametrize("V, reason", [
@@ -68,7 +69,7 @@ def test_predicted_point_is_the_limit_of_the_first_token(basis):
     (np.diag([0.0, -1.0, -2.0]), "lambda_max = 0"),
 ])
 def test_not_covered(V, reason):
-    p = af.predict_configuration(V)
+    p = atlas.predict_configuration(V)
     if reason is None:
         assert p.row == "two-points"  # a control: a covered matrix stays covered
         return
@@ -82,7 +83,7 @@ def test_complex_top_pair_beside_real_eigenvalue():
     V = np.zeros((3, 3))
     V[:2, :2] = block
     V[2, 2] = 1.0
-    assert af.predict_configuration(R @ V @ R.T).row == "not-covered"
+    assert atlas.predict_configuration(R @ V @ R.T).row == "not-covered"
 
 
 def tokens_near(points, spread, per, seed):
@@ -100,49 +101,49 @@ def test_classify_every_row():
     rng = np.random.default_rng(2)
     Vs = {row: np.diag(D) for row, D in ROW_SPECTRA.items()}
     # first-token: everything at x1(0).
-    o = af.classify_configuration(tokens_near([x1], 1e-4, 20, 0), V=Vs["first-token"], x1_0=x1)
+    o = atlas.classify_configuration(tokens_near([x1], 1e-4, 20, 0), V=Vs["first-token"], x1_0=x1)
     assert o.row == "first-token" and o.max_dist_x1 < 1e-3
     # point-in-L: one point in span(e1, e2), not at x1(0).
     target = normalize(np.array([0.3, 0.5, 0.0]))
-    o = af.classify_configuration(np.tile(target, (20, 1)), V=Vs["point-in-L"], x1_0=x1)
+    o = atlas.classify_configuration(np.tile(target, (20, 1)), V=Vs["point-in-L"], x1_0=x1)
     assert o.row == "point-in-L" and o.max_dist_L < 1e-12 and o.max_dist_x1 > 0.5
     # two-points: +-e1 for V with simple top eigenvalue along e1.
     X = np.concatenate([np.tile(e1, (12, 1)), np.tile(-e1, (8, 1))])[rng.permutation(20)]
-    o = af.classify_configuration(X, V=Vs["two-points"])
+    o = atlas.classify_configuration(X, V=Vs["two-points"])
     assert o.row == "two-points" and o.antipodal_gap < 1e-12 and o.sides == (12, 8)
     assert abs(abs(o.xi @ e1) - 1) < 1e-12
     # cloud-L: spread around the great circle of span(e1, e2).
     angle = rng.uniform(0, 2 * np.pi, 40)
     X = normalize(np.stack([np.cos(angle), np.sin(angle), rng.uniform(-0.3, 0.3, 40)], 1))
-    o = af.classify_configuration(X, V=Vs["cloud-L"])
+    o = atlas.classify_configuration(X, V=Vs["cloud-L"])
     assert o.row == "cloud-L" and 0.1 < o.max_dist_L <= 0.3
     # two-clouds: spread around +-e1.
     X = tokens_near([e1, -e1], 0.25, 20, 3)
-    o = af.classify_configuration(X, V=Vs["two-clouds"])
+    o = atlas.classify_configuration(X, V=Vs["two-clouds"])
     assert o.row == "two-clouds" and o.sides == (20, 20)
     # k-clusters: three clumps, no V needed.
     X = tokens_near([e1, e2, e3], 1e-3, 10, 4)
-    o = af.classify_configuration(X)
+    o = atlas.classify_configuration(X)
     assert o.row == "k-clusters" and o.label == "3 clusters" and o.sizes.tolist() == [10] * 3
     # other: uniform tokens.
-    o = af.classify_configuration(uniform(40, 3, seed=5))
+    o = atlas.classify_configuration(uniform(40, 3, seed=5))
     assert o.row == "other" and o.n_clusters > 20
 
 
 def test_classifier_needs_V_for_L_rows_and_checks_the_axis():
     e1, e2 = np.eye(3)[:2]
     one_point = np.tile(normalize(np.array([0.3, 0.5, 0.0])), (10, 1))
-    assert af.classify_configuration(one_point).row == "k-clusters"  # 1 cluster, no L known
+    assert atlas.classify_configuration(one_point).row == "k-clusters"  # 1 cluster, no L known
     pair = np.concatenate([np.tile(e2, (5, 1)), np.tile(-e2, (5, 1))])
-    assert af.classify_configuration(pair).row == "two-points"  # antipodal, no V to check
-    o = af.classify_configuration(pair, V=np.diag([3.0, 1.0, 0.5]))  # xi = e1, not e2
+    assert atlas.classify_configuration(pair).row == "two-points"  # antipodal, no V to check
+    o = atlas.classify_configuration(pair, V=np.diag([3.0, 1.0, 0.5]))  # xi = e1, not e2
     assert o.row == "k-clusters" and o.max_dist_L == pytest.approx(np.pi / 2)
     # Uniform tokens are not a cloud around the e1-e2 great circle.
-    o = af.classify_configuration(uniform(40, 3, seed=6), V=np.diag([-1.0, -1.0, -2.0]))
+    o = atlas.classify_configuration(uniform(40, 3, seed=6), V=np.diag([-1.0, -1.0, -2.0]))
     assert o.row == "other" and o.max_dist_L > np.pi / 3
     # Clusters inside L are clusters, not a cloud.
     X = tokens_near([e1, e2, -e1], 1e-3, 8, 7)
-    assert af.classify_configuration(X, V=np.diag([2.0, 2.0, 1.0])).row == "k-clusters"
+    assert atlas.classify_configuration(X, V=np.diag([2.0, 2.0, 1.0])).row == "k-clusters"
 
 
 def test_distance_to_subspace():
@@ -168,8 +169,8 @@ def test_simulated_final_state_matches_prediction_small(row):
     allowed = {row, "point-in-L"} if row == "two-points" else {row}
     xi = R[:, 0]  # the top eigenvector of the two-points row
     for r in range(len(x0)):
-        seen = af.classify_configuration(traj.final[r], V=V, x1_0=x0[r, 0])
-        assert seen.row in allowed and af.predict_configuration(V, x1_0=x0[r, 0]).row == row
+        seen = atlas.classify_configuration(traj.final[r], V=V, x1_0=x0[r, 0])
+        assert seen.row in allowed and atlas.predict_configuration(V, x1_0=x0[r, 0]).row == row
         if row == "two-points":
             to_line = np.minimum(geodesic_distance(traj.final[r], xi),
                                  geodesic_distance(traj.final[r], -xi))
@@ -191,16 +192,16 @@ def test_simulated_final_state_matches_prediction(row):
     beta = 1.0 if D[0] > 0 else 9.0
     traj = af.simulate(af.Attention(V=V, beta=beta), x0, t_end=1000.0, save_at=[1000.0],
                        method="dopri5")
-    observed = af.classify_configuration(traj.final, V=V, x1_0=x0[0])
-    assert observed.row == af.predict_configuration(V, x1_0=x0[0]).row
+    observed = atlas.classify_configuration(traj.final, V=V, x1_0=x0[0])
+    assert observed.row == atlas.predict_configuration(V, x1_0=x0[0]).row
 
 
 def test_bad_input():
     with pytest.raises(ValueError, match="V: expected a square matrix"):
-        af.predict_configuration(np.ones((2, 3)))
+        atlas.predict_configuration(np.ones((2, 3)))
     with pytest.raises(ValueError, match="x1_0: expected a unit vector of length 3"):
-        af.predict_configuration(np.eye(3), x1_0=[1.0, 0.0])
+        atlas.predict_configuration(np.eye(3), x1_0=[1.0, 0.0])
     with pytest.raises(ValueError, match="V: expected a \\(3, 3\\) matrix"):
-        af.classify_configuration(uniform(5, 3, seed=0), V=np.eye(2))
+        atlas.classify_configuration(uniform(5, 3, seed=0), V=np.eye(2))
     with pytest.raises(ValueError, match="tol: expected"):
-        af.classify_configuration(uniform(5, 3, seed=0), tol=-1)
+        atlas.classify_configuration(uniform(5, 3, seed=0), tol=-1)

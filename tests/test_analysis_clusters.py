@@ -6,7 +6,7 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.transform import Rotation
 
 import attnflow as af
-from attnflow.analysis import spanning_tree
+from attnflow.analysis.clusters import spanning_tree
 from attnflow.sphere import geodesic_distance, normalize, uniform
 
 
@@ -38,26 +38,26 @@ def same_partition(a, b):
 def test_separated_clumps():
     centers = normalize(np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [-1, -1, -1.0]]))
     X = clumps(centers, per=25, radius=0.02, seed=0)
-    c = af.clusters(X, tol=0.1)
+    c = af.analysis.clusters.clusters(X, tol=0.1)
     assert c.count == 4
     np.testing.assert_array_equal(c.labels, np.repeat(np.arange(4), 25))
     np.testing.assert_array_equal(c.sizes, [25] * 4)
     assert np.all(geodesic_distance(c.centroids, centers) < 0.02)
-    assert af.cluster_count(X, 0.1) == 4
+    assert af.analysis.clusters.cluster_count(X, 0.1) == 4
 
 
 def test_labels_numbered_by_first_token():
     centers = normalize(np.array([[1, 0, 0], [0, 1, 0.0]]))
     X = clumps(centers, per=5, radius=0.01, seed=1)[[7, 0, 8, 1, 2, 9, 3, 4, 5, 6]]
-    c = af.clusters(X, tol=0.1)
+    c = af.analysis.clusters.clusters(X, tol=0.1)
     np.testing.assert_array_equal(c.labels, [0, 1, 0, 1, 1, 0, 1, 1, 0, 0])
 
 
 def test_one_clump_and_single_token():
     X = clumps(normalize(np.array([[1.0, 2.0, 3.0]])), per=50, radius=0.05, seed=2)
-    c = af.clusters(X, tol=0.1)
+    c = af.analysis.clusters.clusters(X, tol=0.1)
     assert c.count == 1 and c.sizes.tolist() == [50]
-    one = af.clusters(X[:1], tol=0.1)
+    one = af.analysis.clusters.clusters(X[:1], tol=0.1)
     assert one.count == 1 and one.labels.tolist() == [0]
 
 
@@ -69,9 +69,9 @@ def test_great_circle(n):
     R = Rotation.random(random_state=3).as_matrix()
     X = np.stack([np.cos(angle), np.sin(angle), np.zeros(n)], axis=1) @ R.T
     spacing = 2 * np.pi / n
-    above = af.clusters(X, spacing * 1.001)
+    above = af.analysis.clusters.clusters(X, spacing * 1.001)
     assert above.count == 1 and np.all(np.isnan(above.centroids))
-    assert af.clusters(X, spacing * 0.999).count == n
+    assert af.analysis.clusters.clusters(X, spacing * 0.999).count == n
 
 
 @pytest.mark.parametrize("d,tol", [(2, 0.02), (3, 0.12), (5, 0.5)])
@@ -79,7 +79,7 @@ def test_matches_scipy_single_linkage(d, tol):
     for seed in range(4):
         X = uniform(150, d, seed=seed)
         truth = scipy_single_linkage(X, tol)
-        c = af.clusters(X, tol)
+        c = af.analysis.clusters.clusters(X, tol)
         assert c.count == len(np.unique(truth))
         assert same_partition(c.labels, truth)
 
@@ -107,12 +107,12 @@ def test_spanning_tree_is_minimal(d, n):
 
 def test_batched_count_matches_loop_and_rotation_invariance():
     X = uniform((3, 4, 60), 3, seed=6)
-    counts = af.cluster_count(X, 0.3)
+    counts = af.analysis.clusters.cluster_count(X, 0.3)
     assert counts.shape == (3, 4)
-    loop = [[af.clusters(X[a, b], 0.3).count for b in range(4)] for a in range(3)]
+    loop = [[af.analysis.clusters.clusters(X[a, b], 0.3).count for b in range(4)] for a in range(3)]
     np.testing.assert_array_equal(counts, loop)
     R = Rotation.random(random_state=7).as_matrix()
-    np.testing.assert_array_equal(af.cluster_count(X @ R.T, 0.3), counts)
+    np.testing.assert_array_equal(af.analysis.clusters.cluster_count(X @ R.T, 0.3), counts)
 
 
 def test_circle_counts_match_gap_formula():
@@ -121,13 +121,13 @@ def test_circle_counts_match_gap_formula():
     phi = np.sort(np.arctan2(X[..., 1], X[..., 0]), axis=-1)
     gaps = np.diff(np.concatenate([phi, phi[:, :1] + 2 * np.pi], axis=1), axis=1)
     expected = np.maximum(1, np.count_nonzero(gaps > 0.1, axis=1))
-    np.testing.assert_array_equal(af.cluster_count(X, 0.1), expected)
+    np.testing.assert_array_equal(af.analysis.clusters.cluster_count(X, 0.1), expected)
 
 
 def test_cluster_counts_along_trajectory():
     model = af.Attention(beta=4.0)
     traj = af.simulate(model, uniform((2, 10), 2, seed=9), t_end=3.0, save_at=[0, 1, 2, 3])
-    counts = af.cluster_counts(traj, 0.05)
+    counts = af.analysis.clusters.cluster_count(traj, 0.05)
     assert counts.shape == (4, 2)
     # on the circle single linkage at tol cuts the sorted angles at the gaps wider than tol
     phi = np.sort(np.arctan2(traj.states[..., 1], traj.states[..., 0]), axis=-1)
@@ -138,11 +138,11 @@ def test_cluster_counts_along_trajectory():
 
 def test_bad_input():
     with pytest.raises(ValueError, match="tol: expected"):
-        af.clusters(uniform(5, 3, seed=0), -0.1)
+        af.analysis.clusters.clusters(uniform(5, 3, seed=0), -0.1)
     with pytest.raises(ValueError, match="X: expected unit vectors"):
-        af.clusters(2 * uniform(5, 3, seed=0), 0.1)
+        af.analysis.clusters.clusters(2 * uniform(5, 3, seed=0), 0.1)
     with pytest.raises(ValueError, match="X: expected an array with 2 dimensions"):
-        af.clusters(uniform((2, 5), 3, seed=0), 0.1)
+        af.analysis.clusters.clusters(uniform((2, 5), 3, seed=0), 0.1)
 
 
 def test_min_size_leaves_stragglers_out():
@@ -151,19 +151,20 @@ def test_min_size_leaves_stragglers_out():
     near = [a, af.sphere.normalize(a + 0.01 * b), af.sphere.normalize(a + 0.01 * c),
             b, af.sphere.normalize(b + 0.01 * a), af.sphere.normalize(b + 0.01 * c), c]
     X = np.array(near)
-    assert af.cluster_count(X, 0.1) == 3
-    assert af.cluster_count(X, 0.1, min_size=2) == 2
-    assert af.cluster_count(X, 0.1, min_size=4) == 0
+    assert af.analysis.clusters.cluster_count(X, 0.1) == 3
+    assert af.analysis.clusters.cluster_count(X, 0.1, min_size=2) == 2
+    assert af.analysis.clusters.cluster_count(X, 0.1, min_size=4) == 0
 
 
 def test_min_size_matches_the_clusters_sizes_in_a_batch():
     X = np.stack([af.sphere.uniform(40, 3, seed=s) for s in range(4)]).reshape(2, 2, 40, 3)
     for m in (1, 2, 3):
-        want = [[int(np.sum(af.clusters(x, 0.3).sizes >= m)) for x in row] for row in X]
-        np.testing.assert_array_equal(af.cluster_count(X, 0.3, min_size=m), want)
+        want = [[int(np.sum(af.analysis.clusters.clusters(x, 0.3).sizes >= m)) for x in row]
+                for row in X]
+        np.testing.assert_array_equal(af.analysis.clusters.cluster_count(X, 0.3, min_size=m), want)
 
 
 @pytest.mark.parametrize("bad", [0, 1.5, True, "2"])
 def test_min_size_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match=r"min_size: expected an integer >= 1"):
-        af.cluster_count(af.sphere.uniform(5, 3, seed=0), 0.1, min_size=bad)
+        af.analysis.clusters.cluster_count(af.sphere.uniform(5, 3, seed=0), 0.1, min_size=bad)

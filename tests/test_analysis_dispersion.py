@@ -11,7 +11,7 @@ import pytest
 from scipy.special import gamma, iv, sph_harm_y, spherical_in
 
 import attnflow as af
-from attnflow.analysis import dispersion_rate
+from attnflow.analysis.closedforms import dispersion_rate
 from attnflow.meanfield import solve, zonal
 from attnflow.meanfield.sphere import MASS0
 

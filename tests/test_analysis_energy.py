@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow.analysis import energy, log_energy
+from attnflow.analysis.energy import energy, log_energy
 
 
 def _tokens(shape, d, seed):
@@ -65,7 +65,7 @@ def test_energy_rejects_beta_zero_and_bad_matrices():
 
 
 def test_top_level_exports():
-    assert af.energy is energy and af.log_energy is log_energy
+    assert af.analysis.energy.energy is energy and af.analysis.energy.log_energy is log_energy
 
 
 @pytest.mark.parametrize("attention", ["softmax", "unnormalised"])

@@ -8,7 +8,7 @@ from scipy.integrate import quad, solve_ivp
 from scipy.special import iv
 
 import attnflow as af
-from attnflow.analysis import (
+from attnflow.analysis.closedforms import (
     dispersion_rate,
     equiangular_rhs,
     equiangular_start,

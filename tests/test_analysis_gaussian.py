@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
-import attnflow as af
-from attnflow.analysis import (
+from attnflow.analysis import closedforms
+from attnflow.analysis.closedforms import (
     gaussian_blowup_time,
     gaussian_isotropic_moments,
     gaussian_moment_rhs,
@@ -104,4 +104,4 @@ def test_bad_inputs_name_the_argument():
         gaussian_moments([0, 0], S, [1, 0])
     with pytest.raises(ValueError, match="^beta: expected a finite number > 0"):
         gaussian_blowup_time(S, -1.0)
-    assert af.gaussian_moments is gaussian_moments
+    assert closedforms.gaussian_moments is gaussian_moments

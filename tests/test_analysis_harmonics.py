@@ -11,8 +11,8 @@ from scipy.special import eval_chebyt, eval_gegenbauer, eval_legendre, roots_jac
 from sphere_reference import quadrature
 
 import attnflow as af
-from attnflow.analysis import fourier_moments, harmonic_moments
 from attnflow.analysis.harmonics import harmonic_basis, harmonic_dimension
+from attnflow.analysis.moments import fourier_moments, harmonic_moments
 
 
 def unit(shape, d, seed):

@@ -10,7 +10,7 @@ import pytest
 from scipy.integrate import dblquad, quad, solve_ivp
 from scipy.special import iv
 
-from attnflow.analysis.kinetic import (
+from attnflow.analysis.closedforms import (
     causal_memory,
     cell_memory,
     hardy_kernel,

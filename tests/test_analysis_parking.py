@@ -5,8 +5,13 @@ import pytest
 from scipy.integrate import quad
 from scipy.special import gamma
 
-import attnflow as af
-from attnflow.analysis import cap_mass, renyi_parking_mean
+from attnflow.analysis import closedforms
+from attnflow.analysis.closedforms import (
+    cap_mass,
+    expected_renyi_centers_circle,
+    expected_strong_centers,
+    renyi_parking_mean,
+)
 
 
 def cap_mass_by_quadrature(delta, d):
@@ -34,16 +39,16 @@ def test_cap_mass_closed_forms():
 
 
 def test_expected_strong_centers_limits():
-    assert af.expected_strong_centers(np.inf, 0.5, 2) == pytest.approx(np.pi / 0.5, rel=1e-14)
-    assert af.expected_strong_centers(np.inf, 0.5, 3) == pytest.approx(1 / np.sin(0.25) ** 2,
+    assert expected_strong_centers(np.inf, 0.5, 2) == pytest.approx(np.pi / 0.5, rel=1e-14)
+    assert expected_strong_centers(np.inf, 0.5, 3) == pytest.approx(1 / np.sin(0.25) ** 2,
                                                                        rel=1e-14)
-    assert af.expected_strong_centers(1, 0.5, 5) == pytest.approx(1.0, rel=1e-14)
+    assert expected_strong_centers(1, 0.5, 5) == pytest.approx(1.0, rel=1e-14)
     # Sum of the series, term by term.
     p = cap_mass(0.3, 4)
-    assert af.expected_strong_centers(50, 0.3, 4) == pytest.approx(
+    assert expected_strong_centers(50, 0.3, 4) == pytest.approx(
         sum((1 - p) ** (k - 1) for k in range(1, 51)), rel=1e-13)
-    np.testing.assert_array_equal(af.expected_strong_centers(17, [0.0, np.pi], 3), [17.0, 1.0])
-    assert af.expected_strong_centers(np.inf, 0.0, 3) == np.inf
+    np.testing.assert_array_equal(expected_strong_centers(17, [0.0, np.pi], 3), [17.0, 1.0])
+    assert expected_strong_centers(np.inf, 0.0, 3) == np.inf
 
 
 def test_renyi_constant_from_its_integral():
@@ -51,8 +56,8 @@ def test_renyi_constant_from_its_integral():
     inner = lambda t: quad(lambda u: -np.expm1(-u) / u, 0, t)[0]  # noqa: E731
     f = lambda t: np.exp(-2 * inner(t))  # noqa: E731
     value = quad(f, 0, 1)[0] + quad(f, 1, np.inf, limit=200)[0]
-    assert value == pytest.approx(af.RENYI_PARKING_CONSTANT, abs=1e-12)
-    assert af.RENYI_PARKING_CONSTANT == pytest.approx(0.74760, abs=5e-6)
+    assert value == pytest.approx(closedforms.RENYI_PARKING_CONSTANT, abs=1e-12)
+    assert closedforms.RENYI_PARKING_CONSTANT == pytest.approx(0.74760, abs=5e-6)
 
 
 def test_parking_mean_closed_forms_and_asymptote():
@@ -65,26 +70,26 @@ def test_parking_mean_closed_forms_and_asymptote():
     np.testing.assert_allclose(renyi_parking_mean(x),
                                1 + 2 * (1 + 3 * (x - 3) - 2 * np.log(x - 2)) / (x - 1), atol=1e-10)
     # The table meets the asymptote c_R x + c_R - 1 (error O((2e/x)^{x-3/2})).
-    c = af.RENYI_PARKING_CONSTANT
+    c = closedforms.RENYI_PARKING_CONSTANT
     for x in (20.0, 29.5):
         assert renyi_parking_mean(x) == pytest.approx(c * x + c - 1, abs=1e-10)
 
 
 def test_jamming_count_on_the_circle():
     # Large delta: 2 centers for delta in (2 pi / 3, pi), 3 just below 2 pi / 3 is possible.
-    assert af.expected_renyi_centers_circle(2.5) == 2.0
-    assert af.expected_renyi_centers_circle(np.pi) == 1.0
+    assert expected_renyi_centers_circle(2.5) == 2.0
+    assert expected_renyi_centers_circle(np.pi) == 1.0
     small = np.array([0.1, 0.01])
-    np.testing.assert_allclose(af.expected_renyi_centers_circle(small) * small / (2 * np.pi),
-                               af.RENYI_PARKING_CONSTANT, rtol=1e-10)
+    np.testing.assert_allclose(expected_renyi_centers_circle(small) * small / (2 * np.pi),
+                               closedforms.RENYI_PARKING_CONSTANT, rtol=1e-10)
 
 
 def test_bad_input():
     with pytest.raises(ValueError, match="d: expected"):
         cap_mass(0.3, 1)
     with pytest.raises(ValueError, match="delta: expected"):
-        af.expected_strong_centers(10, 4.0, 3)
+        expected_strong_centers(10, 4.0, 3)
     with pytest.raises(ValueError, match="n: expected"):
-        af.expected_strong_centers(2.5, 0.3, 3)
+        expected_strong_centers(2.5, 0.3, 3)
     with pytest.raises(ValueError, match="delta: expected"):
-        af.expected_renyi_centers_circle(0.0)
+        expected_renyi_centers_circle(0.0)

@@ -12,7 +12,7 @@ from scipy import stats
 from scipy.integrate import quad
 from scipy.special import exp1, gamma, softmax
 
-from attnflow.analysis import (
+from attnflow.analysis.closedforms import (
     cap_constant,
     cap_mass,
     critical_beta,

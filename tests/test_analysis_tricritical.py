@@ -9,8 +9,8 @@ from scipy.integrate import quad, solve_ivp
 from scipy.optimize import brentq
 from scipy.special import eval_legendre, gamma, i0, iv
 
-import attnflow as af
-from attnflow.analysis import (
+import attnflow.analysis.closedforms as closedforms
+from attnflow.analysis.closedforms import (
     dispersion_rate,
     funk_hecke,
     instability_strength,
@@ -162,7 +162,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="r: expected increasing"):
         stationary_branch(1.0, 2, [0.5, 0.2])
     with pytest.raises(ValueError, match="strength"):
-        af.analysis.stationary_order(-1.0, 1.0, 2)
+        closedforms.stationary_order(-1.0, 1.0, 2)
 
 
 def test_linear_fluctuation_solves_its_ode():

@@ -11,6 +11,7 @@ import pytest
 from scipy.integrate import solve_ivp
 
 import attnflow as af
+from attnflow.analysis import energy
 from attnflow.family import MLP, Block, Peri, Pre, QKNorm, RMSNorm, SelfAttention
 
 RNG = np.random.default_rng(7)
@@ -208,7 +209,7 @@ def test_a_mixed_stack_saves_and_loads_bit_identically_and_has_an_energy(tmp_pat
         traj.energy()  # layer 2 has two heads
     single = af.Stack(layers[:2])
     two = af.simulate(single, x0, 2.0, save_at=[0.0, 0.5, 1.5, 2.0], method="euler", dt=0.25)
-    expected = [af.energy(two.directions[i], layer.beta) for i, layer in
+    expected = [energy.energy(two.directions[i], layer.beta) for i, layer in
                 zip(range(4), [layers[0], layers[0], layers[1], layers[1]])]
     np.testing.assert_allclose(two.energy(), np.array(expected), rtol=1e-13)
 

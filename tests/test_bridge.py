@@ -13,7 +13,8 @@ from scipy.optimize import linprog
 from scipy.special import ive
 
 import attnflow as af
-from attnflow.analysis import fourier_moments, inverse_cdf, wasserstein_circle
+from attnflow.analysis.closedforms import inverse_cdf
+from attnflow.analysis.moments import fourier_moments, wasserstein_circle
 from attnflow.meanfield import from_function, sample, solve, token_labels
 
 KAPPA = 2.0
@@ -241,7 +242,8 @@ def clustered(k: int, per: int, spread: float, rng, masses=None) -> np.ndarray:
 def test_density_count_agrees_with_single_linkage_on_separated_clusters():
     """Clusters of sd 0.01 rad at least 2 pi / 9 = 0.7 rad apart, beta = 25 (w = 0.2): far
     tighter than w / 4 (single linkage's tolerance) and farther apart than 2 w."""
-    from attnflow.analysis import cluster_count, density_cluster_count
+    from attnflow.analysis.clusters import cluster_count
+    from attnflow.analysis.modes import density_cluster_count
 
     rng = np.random.default_rng(7)
     for k in range(1, 10):
@@ -252,7 +254,7 @@ def test_density_count_agrees_with_single_linkage_on_separated_clusters():
 def test_kde_against_the_direct_sum_and_the_mass_rule():
     from scipy.special import i0e
 
-    from attnflow.analysis import density_cluster_count, density_modes, kde_circle
+    from attnflow.analysis.modes import density_cluster_count, density_modes, kde_circle
 
     x = af.sphere.uniform(60, 2, seed=2)
     w = 0.2
@@ -277,7 +279,7 @@ def test_density_peaks_of_a_mixture_and_of_its_draws_agree():
     """A density of k von Mises bumps (kappa 400, about 0.05 rad wide) of unequal masses (a
     factor up to 3), at least 2 pi / 11 - 0.1 = 0.47 rad = 3.8 w apart (beta = 64): its peak
     count from the coefficients, and the count of 1e5 tokens drawn from it, are k."""
-    from attnflow.analysis import density_cluster_count, density_peak_count
+    from attnflow.analysis.modes import density_cluster_count, density_peak_count
 
     rng = np.random.default_rng(4)
     for k in (2, 5, 11):
@@ -291,7 +293,7 @@ def test_density_peaks_of_a_mixture_and_of_its_draws_agree():
 
 
 def test_density_counts_refuse_bad_input():
-    from attnflow.analysis import density_cluster_count, density_modes
+    from attnflow.analysis.modes import density_cluster_count, density_modes
 
     x = af.sphere.uniform(20, 2, seed=0)
     with pytest.raises(ValueError, match="^beta: expected a finite beta != 0"):

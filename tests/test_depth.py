@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow.analysis import (
+from attnflow.analysis.depth import (
     angular_distance,
     attention_to_first,
     battery,

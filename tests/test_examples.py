@@ -13,7 +13,7 @@ import pytest
 import xarray as xr
 
 from attnflow import sweep
-from attnflow.analysis import renyi_centers
+from attnflow.analysis.renyi import renyi_centers
 from attnflow.sphere import uniform
 from attnflow.sweeps import SweepSpec, load_spec, parse_spec, sweep_status
 

@@ -70,15 +70,17 @@ def test_a_page_of_ten_thousand_tokens_stays_within_its_budget(tmp_path):
 def test_series_match_the_analysis_functions():
     traj = _run(150, 3, T=4)
     packed = pack(traj)
-    tol = af.default_cluster_tol(9.0)
+    tol = af.analysis.clusters.default_cluster_tol(9.0)
     assert packed["tol"] == [tol] * 4 and packed["beta"] == [9.0] * 4
-    np.testing.assert_array_equal(packed["clusters"], af.cluster_count(traj.states, tol))
+    np.testing.assert_array_equal(packed["clusters"],
+                                  af.analysis.clusters.cluster_count(traj.states, tol))
     assert packed["clusters"][0] > packed["clusters"][-1]
     np.testing.assert_allclose(packed["order"], np.linalg.norm(traj.states.mean(axis=1), axis=-1))
     delta = 4 / 3
     assert packed["causal"] and packed["delta"] == pytest.approx(delta)
-    assert packed["renyi"] == af.renyi_centers(traj.states[0], delta).tolist()
-    assert packed["strong"] == af.strong_renyi_centers(traj.states[0], delta).tolist()
+    assert packed["renyi"] == af.analysis.renyi.renyi_centers(traj.states[0], delta).tolist()
+    strong = af.analysis.renyi.strong_renyi_centers(traj.states[0], delta)
+    assert packed["strong"] == strong.tolist()
 
 
 def test_full_attention_has_no_renyi_centers():

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 import attnflow as af
-from attnflow.analysis import mean_pairwise_cosine, sink_rate
+from attnflow.analysis.depth import mean_pairwise_cosine, sink_rate
 from attnflow.cli import app
 from attnflow.explorer import PATTERN_ERROR, pack_trace, unpack, unpack_patterns
 from attnflow.explorer.pack import ANGLE_ERROR, COORD_ERROR

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow.analysis import cluster_count, consumed_fraction, renyi_centers
+from attnflow.analysis.clusters import cluster_count
+from attnflow.analysis.renyi import consumed_fraction, renyi_centers
 from attnflow.explorer.pack import pack
 from attnflow.presets import matrix_from_spec
 from attnflow.sphere import uniform

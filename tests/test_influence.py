@@ -12,14 +12,13 @@ from scipy.integrate import quad, solve_ivp
 
 torch = pytest.importorskip("torch")
 
-from attnflow.analysis.dispersion import dispersion_rate  # noqa: E402
-from attnflow.analysis.influence import (  # noqa: E402
+from attnflow.analysis.closedforms import (  # noqa: E402
+    dispersion_rate,  # noqa: E402
     influence_recency_time,
-    kernels,
-    mean_abs_cosines,
     mean_influence,
     rms_influence,
 )
+from attnflow.analysis.influence import kernels, mean_abs_cosines  # noqa: E402
 from attnflow.experiments import SUITE_OF  # noqa: E402
 from attnflow.experiments.influence import _jacobian_rows  # noqa: E402
 from attnflow.family import Attention  # noqa: E402

@@ -3,7 +3,8 @@
 integral by the Legendre series' antiderivative, theta on a grid by collocation, solve_ivp's
 DOP853 in time), for the Chebyshev labels' convergence from a start that depends on s; the
 closed forms of the causal linearisation with ALiBi (the Hardy operator in the label
-sigma(s) = (e^{lambda s} - 1) / lambda, `attnflow.analysis.alibi_memory`, and the Volterra
+sigma(s) = (e^{lambda s} - 1) / lambda, `attnflow.analysis.closedforms.alibi_memory`, and the
+Volterra
 operator with an exponential kernel); attnflow's particles with ALiBi at modest n."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from scipy.integrate import quad, solve_ivp
 from scipy.special import iv
 
 import attnflow as af
-from attnflow.analysis import alibi_memory
+from attnflow.analysis import closedforms
+from attnflow.analysis.closedforms import alibi_memory
 from attnflow.meanfield import from_function, solve
 from attnflow.meanfield.labels import Labels, label_nodes
 
@@ -176,7 +178,7 @@ def test_alibi_linear_regime_follows_the_closed_form(weighting, beta, lam, k):
     # alibi_memory(s, t, beta, lam, k, u) uses the unnormalised rate r_k: scale t for softmax
     t_eff = T * rate / (k * k * iv(k, beta) / beta)
     exact = [initial(u) + (quad(lambda x, u=u: (
-        np.exp(-lam * (u - x)) * float(af.analysis.hardy_kernel(rate * T, u - x))
+        np.exp(-lam * (u - x)) * float(closedforms.hardy_kernel(rate * T, u - x))
         if weighting == "unnormalised" else float(alibi_memory(x, t_eff, beta, lam, k, u)))
         * initial(x), 0, u, epsabs=1e-13, epsrel=1e-12, limit=200)[0] if u > 0 else
         # the first label sees itself alone (Hardy: eps grows at the rate r), or nothing

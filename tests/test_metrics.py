@@ -16,6 +16,10 @@ import numpy as np
 import pytest
 
 import attnflow as af
+import attnflow.analysis.depth as depth
+import attnflow.analysis.metrics as metrics
+import attnflow.analysis.moments as moments
+import attnflow.analysis.renyi as renyi
 from attnflow.analysis.metrics import METRICS, MetricContext
 from attnflow.sphere import uniform
 
@@ -51,7 +55,7 @@ def evaluate(name: str, X, x0) -> object:
     m = METRICS[name]
     full = {**context(dimension(m)), "x0": x0}
     assert set(m.needs) <= set(full), f"{name} needs {m.needs}: add it to context()"
-    return af.evaluate_metric(name, X, **{k: full[k] for k in m.needs})
+    return metrics.evaluate_metric(name, X, **{k: full[k] for k in m.needs})
 
 
 def numpy_of(value) -> np.ndarray:
@@ -131,16 +135,16 @@ def test_the_registry_table_in_the_guide_is_the_registry():
 def test_bad_names_and_missing_context_say_so():
     X = tokens(3, True)
     with pytest.raises(ValueError, match=r"^name: expected a registered metric, one of "):
-        af.evaluate_metric("energyy", X)
+        metrics.evaluate_metric("energyy", X)
     with pytest.raises(ValueError, match=r"^beta: expected a value: the metric 'energy' "
                        r"needs beta, Q, K"):
-        af.evaluate_metric("energy", X)
+        metrics.evaluate_metric("energy", X)
     with pytest.raises(ValueError, match=r"^betta: expected a context field of a metric"):
-        af.evaluate_metric("energy", X, betta=1.0)
+        metrics.evaluate_metric("energy", X, betta=1.0)
     with pytest.raises(ValueError, match=r"^X: expected tokens with d = 2"):
-        af.evaluate_metric("fourier_moduli", X, modes=2)
+        metrics.evaluate_metric("fourier_moduli", X, modes=2)
     with pytest.raises(ValueError, match=r"^X: expected tokens of shape \(T, \.\.\., n, d\)"):
-        af.evaluate_metric("order_parameter", X[0, 0])
+        metrics.evaluate_metric("order_parameter", X[0, 0])
 
 
 # --- the analysis functions outside the registry, on tensors ---------------------------------
@@ -148,63 +152,65 @@ def test_bad_names_and_missing_context_say_so():
 def test_cosines_attention_angular_distance_and_moments_on_tensors():
     X = tokens(2, False, seed=5)
     Xt = torch.tensor(X, requires_grad=True)
-    for f in (af.cosine_to_first, af.angular_distance, af.mean_pairwise_cosine,
-              af.effective_rank, af.norm_spread, af.massive_activation, af.order_parameter,
-              af.mean_direction):
+    for f in (depth.cosine_to_first, depth.angular_distance, depth.mean_pairwise_cosine,
+              depth.effective_rank, depth.norm_spread, depth.massive_activation,
+              depth.order_parameter,
+              depth.mean_direction):
         got = f(Xt)
         assert got.requires_grad, f.__name__
         np.testing.assert_allclose(got.detach().numpy(), f(X), rtol=1e-12, atol=1e-13)
     U = X / np.linalg.norm(X, axis=-1, keepdims=True)
-    mt, mn = af.fourier_moments(torch.tensor(U, requires_grad=True), 3), af.fourier_moments(U, 3)
+    mt = moments.fourier_moments(torch.tensor(U, requires_grad=True), 3)
+    mn = moments.fourier_moments(U, 3)
     assert mt.mean.requires_grad and mt.n == mn.n
     for field in ("mean", "se_real", "se_imag"):
         np.testing.assert_allclose(getattr(mt, field).detach().numpy(), getattr(mn, field),
                                    rtol=1e-12, atol=1e-13)
     A = np.random.default_rng(6).dirichlet(np.ones(N), size=(2, 3, N))  # (L, H, n, n)
     At = torch.tensor(A, requires_grad=True)
-    np.testing.assert_allclose(af.attention_to_first(At).detach().numpy(),
-                               af.attention_to_first(A), rtol=1e-13)
+    np.testing.assert_allclose(depth.attention_to_first(At).detach().numpy(),
+                               depth.attention_to_first(A), rtol=1e-13)
     with pytest.raises(ValueError, match=r"^A: expected .*sink_rate .* not differentiable; "
                        r"differentiable instead: attention_to_first\)"):
-        af.sink_rate(At)
-    np.testing.assert_array_equal(af.sink_rate(At.detach()), af.sink_rate(A))
+        depth.sink_rate(At)
+    np.testing.assert_array_equal(depth.sink_rate(At.detach()), depth.sink_rate(A))
 
 
 def test_energy_gradients_in_q_k_and_a_tensor_beta():
     U = tokens(3, True, seed=11)[0]
     p = {"beta": np.array(1.7), "Q": RNG.standard_normal((2, 3)), "K": RNG.standard_normal((2, 3))}
     t = {k: torch.tensor(v, requires_grad=True) for k, v in p.items()}
-    af.log_energy(torch.tensor(U), t["beta"], t["Q"], t["K"]).sum().backward()
+    af.analysis.energy.log_energy(torch.tensor(U), t["beta"], t["Q"], t["K"]).sum().backward()
     eps = 1e-6
     for name in p:
         v = np.random.default_rng(12).standard_normal(p[name].shape)
 
         def at(sign, name=name, v=v):
             q = {**p, name: p[name] + sign * eps * v}
-            return af.log_energy(U, float(q["beta"]), q["Q"], q["K"]).sum()
+            return af.analysis.energy.log_energy(U, float(q["beta"]), q["Q"], q["K"]).sum()
 
         numeric = (at(1) - at(-1)) / (2 * eps)
         analytic = float((t[name].grad.numpy() * v).sum())
         assert abs(analytic - numeric) <= 1e-6 * max(1.0, abs(numeric)), (name, analytic,
                                                                             numeric)
     with pytest.raises(ValueError, match=r"^beta: expected a number > 0"):
-        af.energy(torch.tensor(U), torch.tensor(-1.0, dtype=torch.float64))
+        af.analysis.energy.energy(torch.tensor(U), torch.tensor(-1.0, dtype=torch.float64))
 
 
 def test_the_combinatorial_functions_refuse_gradients_in_one_line():
     X = tokens(2, True)[0, 0]
     Xt = torch.tensor(X, requires_grad=True)
-    calls = {"cluster_count": lambda x: af.cluster_count(x, 0.2),
-             "clusters": lambda x: af.clusters(x, 0.2),
-             "spanning_tree": af.spanning_tree,
-             "cluster_count_at": lambda x: af.cluster_count_at(x, 0.2),
-             "renyi_centers": lambda x: af.renyi_centers(x, 0.5),
-             "strong_renyi_centers": lambda x: af.strong_renyi_centers(x, 0.5),
-             "renyi_center_count": lambda x: af.renyi_center_count(x, 0.5),
-             "consumed_fraction": lambda x: af.consumed_fraction(x[None], [0], 0.5),
-             "density_cluster_count": lambda x: af.density_cluster_count(x, 4.0),
-             "kde_circle": lambda x: af.kde_circle(x, 0.3),
-             "wasserstein_circle": lambda x: af.wasserstein_circle(x, [1 / (2 * np.pi), 0.0])}
+    calls = {"cluster_count": lambda x: af.analysis.clusters.cluster_count(x, 0.2),
+             "clusters": lambda x: af.analysis.clusters.clusters(x, 0.2),
+             "spanning_tree": af.analysis.clusters.spanning_tree,
+             "cluster_count_at": lambda x: depth.cluster_count_at(x, 0.2),
+             "renyi_centers": lambda x: renyi.renyi_centers(x, 0.5),
+             "strong_renyi_centers": lambda x: renyi.strong_renyi_centers(x, 0.5),
+             "renyi_center_count": lambda x: depth.renyi_center_count(x, 0.5),
+             "consumed_fraction": lambda x: renyi.consumed_fraction(x[None], [0], 0.5),
+             "density_cluster_count": lambda x: af.analysis.modes.density_cluster_count(x, 4.0),
+             "kde_circle": lambda x: af.analysis.modes.kde_circle(x, 0.3),
+             "wasserstein_circle": lambda x: moments.wasserstein_circle(x, [1 / (2 * np.pi), 0.0])}
     for name, call in calls.items():
         with pytest.raises(ValueError) as err:
             call(Xt)
@@ -254,13 +260,13 @@ def test_trajectory_methods_on_tensor_runs():
         got = runt.energy(log=log)
         assert got.requires_grad
         np.testing.assert_allclose(got.detach().numpy(), run.energy(log=log), rtol=1e-12)
-    np.testing.assert_array_equal(run.energy(), af.energy(run.states, 2.0, Q))
+    np.testing.assert_array_equal(run.energy(), af.analysis.energy.energy(run.states, 2.0, Q))
     np.testing.assert_allclose(runt.metric("order_parameter").detach().numpy(),
                                run.metric("order_parameter"), rtol=1e-12)
     with pytest.raises(ValueError, match="cluster_count .*not differentiable"):
         runt.metric("cluster_count")
     np.testing.assert_array_equal(run.metric("cluster_count", tol=0.2),
-                                  af.cluster_count(run.states, 0.2))
+                                  af.analysis.clusters.cluster_count(run.states, 0.2))
 
 
 # --- the consumers read the registry ---------------------------------------------------------
@@ -276,7 +282,7 @@ def test_every_consumer_reads_the_registry():
     assert set(DEFAULT_METRICS) <= set(SWEEP_METRICS)
     assert set(SUMMARIES.values()) <= set(METRICS) and set(SERIES.values()) <= set(METRICS)
     X = tokens(3, False)[:, 0]
-    b = af.battery(X, tol=0.3, delta=0.6)
+    b = metrics.battery(X, tol=0.3, delta=0.6)
     keys = {"renyi_count": "renyi_centers", "strong_renyi_count": "strong_renyi_centers"}
     want = {keys.get(n, n) for n, m in METRICS.items() if set(m.needs) <= {"tol", "delta"}
             and m.d in (None, 3)}
@@ -307,4 +313,4 @@ def test_plot_metric_says_what_it_takes():
         af.plot.plot_metric(run, "order_parameter", run=1)
     fig = af.plot.plot_metric(run, "cluster_count", tol=0.05, log_time=True)
     np.testing.assert_array_equal(fig.axes[0].get_lines()[0].get_ydata(),
-                                  af.cluster_count(run.states[1:], 0.05))
+                                  af.analysis.clusters.cluster_count(run.states[1:], 0.05))

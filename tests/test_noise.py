@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
-from attnflow.analysis.family import kuramoto_order
+from attnflow.analysis.closedforms import kuramoto_order
 from attnflow.brownian import RUN_BLOCK, BrownianPath
 from attnflow.sphere import uniform
 

@@ -10,7 +10,7 @@ from scipy.special import sph_harm_y
 from sphere_reference import density_at, quadrature
 
 import attnflow as af
-from attnflow.analysis import harmonic_moments
+from attnflow.analysis.moments import harmonic_moments
 from attnflow.meanfield import from_function, solve
 
 

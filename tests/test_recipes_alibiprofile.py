@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnflow.analysis import soft_accuracy
+from attnflow.analysis.closedforms import soft_accuracy
 from attnflow.experiments import SUITE_OF
 from attnflow.reproduce import reproduce
 

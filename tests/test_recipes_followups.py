@@ -13,7 +13,7 @@ from scipy.optimize import brentq
 from scipy.special import iv, ive
 from scipy.stats import binomtest
 
-from attnflow.analysis import (
+from attnflow.analysis.closedforms import (
     k_star,
     kuramoto_order,
     noise_threshold,

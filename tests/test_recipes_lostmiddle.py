@@ -14,7 +14,7 @@ from scipy.special import iv
 from typer.testing import CliRunner
 
 from attnflow import Attention, load
-from attnflow.analysis import (
+from attnflow.analysis.closedforms import (
     alibi_memory,
     causal_memory,
     cell_memory,

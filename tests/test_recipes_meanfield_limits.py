@@ -9,7 +9,7 @@ import pytest
 from scipy.optimize import brentq
 from scipy.special import iv
 
-from attnflow.analysis.kinetic import hardy_kernel
+from attnflow.analysis.closedforms import hardy_kernel
 from attnflow.experiments import SUITE_OF
 from attnflow.reproduce import reproduce
 

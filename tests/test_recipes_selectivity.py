@@ -78,7 +78,7 @@ def test_sampled_statistics_by_hand():
     # `sampled` at one n against weights computed here from the same draws
     n, d, gammas = 30, 3, [0.7]
     got = recipe.sampled(n, d, gammas, 40, 40, np.random.default_rng(4))
-    from attnflow.analysis import nearest_gaps
+    from attnflow.analysis.closedforms import nearest_gaps
     gaps = nearest_gaps(n, d, got["k"], 40, np.random.default_rng(4))
     assert got["k"] == n and got["truncation"] == 0.0
     logits = -gammas[0] * n * gaps

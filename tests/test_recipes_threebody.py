@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnflow.analysis import three_token_state, triangle_rates, triangle_threshold
+from attnflow.analysis.closedforms import three_token_state, triangle_rates, triangle_threshold
 from attnflow.analysis.threebody import OTHER, SYNCHRONISED, TRIANGLE
 from attnflow.experiments import SUITE_OF
 from attnflow.family import Attention

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.special import iv
 
-from attnflow.analysis import linear_fluctuation
+from attnflow.analysis.closedforms import linear_fluctuation
 from attnflow.experiments import SUITE_OF
 from attnflow.experiments.tricritical import _first_order_measures
 from attnflow.reproduce import reproduce

@@ -8,6 +8,7 @@ import pytest
 
 import attnflow as af
 from attnflow._repr import Plain, summarize
+from attnflow.analysis import atlas, closedforms, clusters
 
 N = 1000
 
@@ -18,15 +19,15 @@ def traj():
 
 
 def _results(traj):
-    tol = af.default_cluster_tol(4.0)
+    tol = clusters.default_cluster_tol(4.0)
     return {
         "Trajectory": traj,
-        "Clusters": af.clusters(traj.final, tol),
-        "AtlasPrediction": af.predict_configuration(np.eye(2)),
-        "ObservedConfiguration": af.classify_configuration(traj.final, np.eye(2)),
-        "Lemma51Bound": af.lemma51_bound(4.0, 2.0, 0.1, 1.0),
-        "Theorem52Check": af.theorem52_conditions(9.0, 2.0, 0.1, 10),
-        "RemarkB2Check": af.remark_b2_conditions(9.0, 2.0, 0.1, 10),
+        "Clusters": clusters.clusters(traj.final, tol),
+        "AtlasPrediction": atlas.predict_configuration(np.eye(2)),
+        "ObservedConfiguration": atlas.classify_configuration(traj.final, np.eye(2)),
+        "Lemma51Bound": closedforms.lemma51_bound(4.0, 2.0, 0.1, 1.0),
+        "Theorem52Check": closedforms.theorem52_conditions(9.0, 2.0, 0.1, 10),
+        "RemarkB2Check": closedforms.remark_b2_conditions(9.0, 2.0, 0.1, 10),
     }
 
 

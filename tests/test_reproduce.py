@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from attnflow.analysis import expected_strong_centers
+from attnflow.analysis.closedforms import expected_strong_centers
 from attnflow.experiments import RECIPES
 from attnflow.experiments._recipe import Claim, Output
 from attnflow.report import write_report

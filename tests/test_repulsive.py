@@ -11,13 +11,8 @@ from scipy.integrate import quad
 from scipy.special import iv
 
 import attnflow as af
-from attnflow.analysis import (
-    default_cluster_tol,
-    dispersion_rate,
-    k_star,
-    length_scale,
-    noise_threshold,
-)
+from attnflow.analysis.closedforms import dispersion_rate, k_star, noise_threshold
+from attnflow.analysis.clusters import default_cluster_tol, length_scale
 from attnflow.meanfield import from_coefficients, solve
 from attnflow.sphere import uniform
 
@@ -181,7 +176,7 @@ def test_meanfield_solver_mode_rates_at_negative_beta(attention):
 
 
 def test_two_token_interaction_and_its_maximiser_at_negative_beta():
-    from attnflow.analysis import g, h, tau_beta
+    from attnflow.analysis.closedforms import g, h, tau_beta
 
     x = np.linspace(0.1, 3.0, 30)
     for beta in (-0.5, -3.0):
@@ -199,7 +194,7 @@ def test_two_token_interaction_and_its_maximiser_at_negative_beta():
 def test_equiangular_rhs_at_negative_beta_against_the_model():
     """d<x_i, x_k>/dt = <F_i, x_k> + <x_i, F_k> of the model's own field, at an exact
     equiangular start."""
-    from attnflow.analysis import equiangular_rhs, equiangular_start
+    from attnflow.analysis.closedforms import equiangular_rhs, equiangular_start
 
     for attention in ("softmax", "unnormalised"):
         for rho in (-0.3, 0.4):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import attnflow as af
+from attnflow.analysis import clusters
 from attnflow.explorer.pack import pack
 from attnflow.sphere import uniform
 
@@ -53,8 +54,9 @@ def test_a_hardmax_run_packs_into_strict_json_without_an_attention_matrix():
 
 
 def test_no_length_scale_at_infinite_beta():
-    assert af.length_scale(np.inf) == af.length_scale(-np.inf) == af.length_scale(0.0) == np.inf
-    assert af.length_scale(-4.0) == af.length_scale(4.0) == 0.5
+    length_scale = clusters.length_scale
+    assert length_scale(np.inf) == length_scale(-np.inf) == length_scale(0.0) == np.inf
+    assert clusters.length_scale(-4.0) == clusters.length_scale(4.0) == 0.5
     traj = af.simulate(af.Attention(beta=np.inf), uniform(10, 2, 0), 0.5, method="events")
     with pytest.raises(ValueError, match="delta: expected a radius"):
         af.plot.plot_timeseries(traj)

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import attnflow
 from attnflow import sweep as sweep_fn
-from attnflow.analysis import cluster_count
+from attnflow.analysis.clusters import cluster_count
 from attnflow.cli import app
 from attnflow.sweeps import DEFAULT_METRICS, load_spec, parse_spec, sweep_status
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attnflow.analysis import expected_strong_centers
+from attnflow.analysis.closedforms import expected_strong_centers
 from attnflow.experiments import atlas, frozen, parking, spectra
 from attnflow.experiments._recipe import NOT_REPRODUCED, NOT_RUN, PARTLY, REPRODUCED
 

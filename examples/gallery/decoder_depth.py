@@ -13,7 +13,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from attnflow.analysis import battery
+from attnflow.analysis.metrics import battery
 from attnflow.experiments.realmodel import PARAGRAPH
 from attnflow.pretrained.forward import forward
 from attnflow.pretrained.models import read

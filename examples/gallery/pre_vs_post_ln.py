@@ -14,10 +14,11 @@ import numpy as np
 from matplotlib.figure import Figure
 
 import attnflow as af
+from attnflow.analysis import closedforms
 
 tiny = os.environ.get("ATTNFLOW_GALLERY_TINY") == "1"
 n, t_end = (4, 3.0) if tiny else (8, 30.0)
-x0 = af.analysis.equiangular_start(n, d=n, rho=0.2)
+x0 = closedforms.equiangular_start(n, d=n, rho=0.2)
 save = np.linspace(0, t_end, 61)
 
 fig = Figure(figsize=(4.5, 3.2), layout="constrained")

@@ -18,7 +18,8 @@ from collections import Counter
 
 import numpy as np
 
-from attnflow.analysis import classify_configuration, clusters, predict_configuration
+from attnflow.analysis.atlas import classify_configuration, predict_configuration
+from attnflow.analysis.clusters import clusters
 from attnflow.experiments.atlas import SPECTRA, _bases, _value_matrix
 from attnflow.family import Attention
 from attnflow.simulate import simulate

@@ -5,7 +5,7 @@ the numbers behind the section, rerunnable.
 
 (a+b: the runs of several files of the same setting and n pooled.)
 
-1. The finite-n linear theory (`attnflow.analysis.token_memory`: the label equation on n
+1. The finite-n linear theory (`attnflow.analysis.closedforms.token_memory`: the label equation on n
    discrete tokens, with attnflow's self-inclusive normaliser and with the source's strict
    one) against the closed form on the recipe's full-size cells: the crossing of the
    recipe's statistic and the deficit of the first and of the last source cell. (Seconds.)
@@ -32,14 +32,14 @@ import numpy as np
 from scipy.signal import lfilter
 from scipy.special import gammaln
 
-from attnflow.analysis.dispersion import dispersion_rate
-from attnflow.analysis.kinetic import (
-    SOFT_MODES,
+from attnflow.analysis.closedforms import (
+    dispersion_rate,
     hardy_label,
     recency_time,
     soft_weights,
     token_memory,
 )
+from attnflow.analysis.kinetic import SOFT_MODES
 from attnflow.experiments import lostmiddle as lm
 from attnflow.experiments._cells import CellMoments
 

@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 
-from attnflow.analysis.kinetic import SOFT_MODES, recency_time
+from attnflow.analysis.closedforms import recency_time
+from attnflow.analysis.kinetic import SOFT_MODES
 from attnflow.experiments import lostmiddle as lm
 from attnflow.experiments._cells import cell_moments
 from attnflow.family import Attention

@@ -16,8 +16,7 @@ import argparse
 
 import numpy as np
 
-from attnflow.analysis import kuramoto_order
-from attnflow.analysis.kinetic import inverse_cdf
+from attnflow.analysis.closedforms import inverse_cdf, kuramoto_order
 from attnflow.experiments.kuramoto import SIGMA_C
 from attnflow.experiments.noise import (
     burn_in,

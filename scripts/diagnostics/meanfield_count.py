@@ -16,7 +16,9 @@ import argparse
 
 import numpy as np
 
-from attnflow.analysis import cluster_count, default_cluster_tol, density_cluster_count, k_star
+from attnflow.analysis.closedforms import k_star
+from attnflow.analysis.clusters import cluster_count, default_cluster_tol
+from attnflow.analysis.modes import density_cluster_count
 from attnflow.experiments.meanfield import large_t1
 from attnflow.family import Attention
 from attnflow.simulate import simulate

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from attnflow.analysis import stationary_order, transition_strengths
+from attnflow.analysis.closedforms import stationary_order, transition_strengths
 from attnflow.experiments.funkhecke import order_path
 from attnflow.experiments.tricritical import SIGMA, _sphere_model
 from attnflow.simulate import simulate

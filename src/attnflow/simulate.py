@@ -138,7 +138,7 @@ def simulate(
         Default None: 80% of the memory available when the run starts. The estimate is in
         `integrator["estimate"]` (use `estimate_run` to see it without running).
     cluster_tol : geodesic tolerance of the summaries' cluster counts (default
-        `attnflow.default_cluster_tol` of the first layer's beta).
+        `attnflow.analysis.clusters.default_cluster_tol` of the first layer's beta).
     device : None, or a torch device ("cpu", "cuda", "cuda:1", ...): x0 is moved there as a
         tensor. A tensor x0 (or a model with tensor parameters) runs on its device without
         this: "euler", "rk4", "geodesic", "dopri5" and noise step there, recorded by
@@ -277,8 +277,8 @@ class _Plan:
 
 
 def _cluster_tol(model: Model, cluster_tol: Any) -> float:
-    from attnflow.analysis import default_cluster_tol
     from attnflow.analysis._input import radius
+    from attnflow.analysis.clusters import default_cluster_tol
 
     if cluster_tol is not None:
         return radius("cluster_tol", cluster_tol)

@@ -11,9 +11,11 @@ float32, or only summaries of them, for runs too big to keep.
   - ``mean``: the first moment (1/n) sum_i u_i of the token directions, (T, ..., d) (on the
     circle, its complex form is the first Fourier moment of the tokens' angles);
   - ``clusters``: the single-linkage cluster count at the geodesic tolerance `cluster_tol`
-    (`attnflow.cluster_count`), (T, ...): on the circle at any n (O(n log n)), on S^{d-1},
+    (`attnflow.analysis.clusters.cluster_count`), (T, ...): on the circle at any n (O(n log n)), on
+    S^{d-1},
     d > 2, up to `SMALL` tokens (Prim's tree is O(n^2));
-  - ``log_energy``: log E_beta (`attnflow.log_energy`), (T, ...), where it is defined (one
+  - ``log_energy``: log E_beta (`attnflow.analysis.energy.log_energy`), (T, ...), where it is
+  defined (one
     layer of one (Q, K, V) head, 0 < beta < inf): by harmonic moments in O(n K) where they
     apply (circle and S^2, Q and K multiples of orthogonal matrices), else directly up to
     `SMALL` tokens.

@@ -152,7 +152,7 @@ class Trajectory(ShortRepr):
 
         The context an entry needs defaults, at each time, from the layer acting then (a
         Stack's layer floor(t)): beta its beta; Q, K those of its single (Q, K, V) head;
-        tol `attnflow.analysis.default_cluster_tol(beta)`; delta 4 |beta|^{-1/2} and r
+        tol `attnflow.analysis.clusters.default_cluster_tol(beta)`; delta 4 |beta|^{-1/2} and r
         |beta|^{-1/2} (at most pi); x0 the states at the first saved time; modes 4.
         Keywords override them (e.g. ``traj.metric("cluster_count", tol=0.05)``)."""
         from attnflow._array import namespace, scalar
@@ -167,8 +167,8 @@ class Trajectory(ShortRepr):
             for layer in set(layers):
                 if len(layer.heads) != 1 or len(layer.heads[0]) != 3:
                     raise fail("model", "layers with one (Q, K, V) head each (E_beta takes "
-                               "one Q, K; call attnflow.energy(traj.directions, beta, Q, K) "
-                               "otherwise)", repr(layer))
+                               "one Q, K; call attnflow.analysis.energy.energy("
+                               "traj.directions, beta, Q, K) otherwise)", repr(layer))
         states = self.states
         given = {k: v for k, v in context.items() if v is not None}
         values: list[Any] = [None] * len(self.times)

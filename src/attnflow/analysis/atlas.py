@@ -94,7 +94,7 @@ class ObservedConfiguration(ShortRepr):
     row : a key of `ROWS` other than "not-covered".
     label : a sentence naming the configuration (with k for "k-clusters").
     n_clusters, sizes, centroids : single-linkage clusters at geodesic tolerance ``tol``
-        (see `attnflow.clusters`).
+        (see `attnflow.analysis.clusters.clusters`).
     xi : (d,) the observed axis for "two-points" / "two-clouds", else None.
     max_dist_x1 : largest geodesic distance from a token to x1_0 (NaN without x1_0).
     max_dist_L : largest geodesic distance from a token to the unit sphere of L

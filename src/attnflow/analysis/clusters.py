@@ -27,7 +27,7 @@ from attnflow._repr import ShortRepr
 from attnflow.analysis._input import radius, sphere_points
 from attnflow.sphere import geodesic_distance, normalize
 
-__all__ = ["Clusters", "clusters", "cluster_count", "cluster_counts", "default_cluster_tol",
+__all__ = ["Clusters", "clusters", "cluster_count", "default_cluster_tol",
            "length_scale", "spanning_tree"]
 
 # Configurations handled per vectorised Prim pass: keeps the (chunk, n, d) temporaries
@@ -189,13 +189,6 @@ def _large_clusters(parent: np.ndarray, keep: np.ndarray, min_size: int) -> np.n
     roots[labels] = np.repeat(np.arange(len(parent)), n)
     large = sizes >= min_size
     return np.bincount(roots[large], minlength=len(parent)).reshape(batch)
-
-
-def cluster_counts(traj: Any, tol: float, min_size: int = 1) -> np.ndarray:
-    """Cluster count at every saved time of a Trajectory: shape (T, ...) for states
-    (T, ..., n, d). ``traj`` may also be the states array itself; the same as
-    `cluster_count`, which takes a Trajectory too."""
-    return cluster_count(traj, tol, min_size)
 
 
 def clusters(X: Any, tol: float) -> Clusters:

@@ -156,7 +156,8 @@ def angular_distance(X: Any) -> Any:
 
 def cluster_count_at(X: Any, tol: float, min_size: int = 1) -> np.ndarray:
     """(...) int, single-linkage clusters of at least min_size tokens of the directions of X
-    (..., n, d) at geodesic tolerance tol (radians), `attnflow.analysis.cluster_count` (on a
+    (..., n, d) at geodesic tolerance tol (radians), `attnflow.analysis.clusters.cluster_count` (on
+    a
     host copy of a tensor; refused for one that requires grad)."""
     theta = _directions("X", host("X", X, "cluster_count_at (a count)"))
     if theta.shape[-1] < 2:
@@ -175,13 +176,14 @@ def _center_count(centers: Any, X: Any, delta: float) -> np.ndarray:
 
 def renyi_center_count(X: Any, delta: float) -> np.ndarray:
     """(...) int, the number of Rényi centers of the directions of X (..., n, d) at radius
-    delta (radians), `attnflow.analysis.renyi_centers` (host copy of a tensor without grad)."""
+    delta (radians), `attnflow.analysis.renyi.renyi_centers` (host copy of a tensor without
+    grad)."""
     return _center_count(renyi_centers, X, delta)
 
 
 def strong_renyi_center_count(X: Any, delta: float) -> np.ndarray:
     """(...) int, the number of strong Rényi centers of the directions of X (..., n, d) at
-    radius delta (radians), `attnflow.analysis.strong_renyi_centers` (host copy of a tensor
+    radius delta (radians), `attnflow.analysis.renyi.strong_renyi_centers` (host copy of a tensor
     without grad)."""
     return _center_count(strong_renyi_centers, X, delta)
 

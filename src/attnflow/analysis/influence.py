@@ -34,6 +34,8 @@ from attnflow._checks import fail
 from attnflow.analysis.dispersion import dispersion_rate
 from attnflow.analysis.kinetic import alibi_memory
 
+__all__ = ["influence_recency_time", "mean_influence", "rms_influence"]
+
 MODES = 24  # the modes k = 1..MODES summed (the tail's bound: module docstring)
 
 

@@ -4,7 +4,8 @@ Softmax attention, Q = K = V = I, d = 2, no noise unless said.
 
 * Growth rate of Fourier mode k of the uniform density: lambda_k = k^2 I_k(beta) /
   (beta I_0(beta)) = k (I_{k-1}(beta) - I_{k+1}(beta)) / (2 I_0(beta))
-  (`attnflow.analysis.dispersion_rate` at d = 2; the second form is finite at beta = 0: 1/2
+  (`attnflow.analysis.closedforms.dispersion_rate` at d = 2; the second form is finite at beta = 0:
+  1/2
   for k = 1, 0 above).
 * The causal linearisation: mode k of label s obeys d_t eps = lambda_k H eps, H the Hardy
   operator (1/s) int_0^s, whose resolvent gives a point perturbation at label s the weight

@@ -188,7 +188,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "(1/n) sum_k x_k / norm(x_k), the first moment of the directions (k = d coordinates)"),
     Metric("fourier_moduli", _fourier_moduli, "(T, ..., modes)", "1", True,
            "the moduli of the Fourier moments M_k = (1/n) sum_j exp(i k theta_j), k = 1..modes, "
-           "on the circle (attnflow.analysis.fourier_moments)", ("modes",), 2),
+           "on the circle (attnflow.analysis.moments.fourier_moments)", ("modes",), 2),
     Metric("effective_rank", lambda X, c: effective_rank(X), "(T, ...)", "1", True,
            "exp of the entropy of the normalised singular values of the directions, "
            "in [1, min(n, d)]"),
@@ -202,7 +202,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            "-> 0 for V = I; differentiable almost everywhere)", ("x0",)),
     Metric("cluster_count", _cluster_count, "(T, ...)", "1", False,
            "number of single-linkage clusters at geodesic tolerance cluster_tol "
-           "(attnflow.analysis.cluster_count)", ("tol",)),
+           "(attnflow.analysis.clusters.cluster_count)", ("tol",)),
     Metric("renyi_count", _center_count(renyi_centers), "(T, ...)", "1", False,
            "number of Rényi centers(delta) of the configuration at time t (docs/science.md "
            "§4)", ("delta",)),

@@ -2,7 +2,7 @@
 that means the same at n = 10 and at n = 10^6 (docs/science.md §9, "Counting clusters at
 large n"; guide: docs/guide/analysis.md).
 
-Single linkage (`attnflow.analysis.cluster_count`) chains through dense tokens: at n = 10^6
+Single linkage (`attnflow.analysis.clusters.cluster_count`) chains through dense tokens: at n = 10^6
 consecutive tokens on the circle are 6e-6 rad apart, far below any tolerance, so a
 clustered configuration is one cluster. Here the tokens are first smoothed at the scale of
 the attention kernel, then the bumps are counted:

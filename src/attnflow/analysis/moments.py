@@ -35,9 +35,17 @@ from attnflow._checks import fail
 from attnflow._repr import ShortRepr
 from attnflow.analysis._density import cdf_at, cdf_table, one_density
 from attnflow.analysis._input import run_states, sphere_points, tokens
+from attnflow.analysis.harmonics import (
+    HarmonicMoments,
+    harmonic_basis,
+    harmonic_dimension,
+    harmonic_moments,
+)
 from attnflow.manifolds import sphere_tolerance
 
-__all__ = ["FourierMoments", "fourier_moments", "wasserstein_circle"]
+# harmonic_moments (every sphere) is defined in analysis/harmonics.py; this subject is its home
+__all__ = ["FourierMoments", "HarmonicMoments", "fourier_moments", "harmonic_basis",
+           "harmonic_dimension", "harmonic_moments", "wasserstein_circle"]
 
 
 @dataclass(frozen=True, repr=False)
@@ -129,7 +137,8 @@ def wasserstein_circle(x: Any, c: Any) -> float:
     mass 1 / n) and the density with coefficients c (K + 1,) or (1, K + 1) (module
     docstring: min over c of int |F_n - F - c|).
 
-    F is exact (tabulated by FFT, `attnflow.analysis.inverse_cdf`'s table) at the tokens'
+    F is exact (tabulated by FFT, `attnflow.analysis.closedforms.inverse_cdf`'s table) at the
+    tokens'
     angles and on 2^16 or more equal steps; between consecutive breakpoints F_n is constant
     and F is taken linear, so |F_n - F - c| is integrated exactly on each piece (the error,
     h^2 int |rho'| / 12 for pieces of length h <= 1e-4, is below 1e-9 for the densities the

@@ -134,7 +134,7 @@ def consumed_fraction(states: Any, centers: Any, r: float | None = None) -> np.n
     centers : int indices of the center tokens, chosen once (typically at t = 0 with
         `renyi_centers` or `strong_renyi_centers`) and then followed by index.
     r : consumption radius in radians (geodesic), in [0, pi]. Default min(pi, |beta|^{-1/2})
-        (`attnflow.analysis.length_scale`, beta of either sign, not 0), available only when
+        (`attnflow.analysis.clusters.length_scale`, beta of either sign, not 0), available only when
         ``states`` is a Trajectory (beta read from its model).
 
     Definition (docs/science.md §4; the paper leaves it open): token i is consumed at time t when

@@ -17,7 +17,7 @@ papers' coupling K (their noise is attnflow's sigma = 1).
   degree l, lambda_l = Gamma(d/2) (2 / beta)^{d/2 - 1} I_{l + d/2 - 1}(beta) (`funk_hecke`;
   I_l(beta) on the circle).
 * Mode l of the uniform state grows at l (l + d - 2) (K lambda_l / beta - sigma^2 / 2)
-  (`attnflow.analysis.dispersion_rate(l, beta, d, sigma, "unnormalised", K)`); lambda_l
+  (`attnflow.analysis.closedforms.dispersion_rate(l, beta, d, sigma, "unnormalised", K)`); lambda_l
   decreases in l, so l = 1 goes first, at
   K_# = sigma^2 beta / (2 lambda_1) = sigma^2 beta^{d/2} / (2^{d/2} Gamma(d/2) I_{d/2}(beta))
   (`instability_strength`; sigma^2 d / 2 as beta -> 0, the Kuramoto threshold).

@@ -218,8 +218,8 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
     """Check every option and build the model and the initial tokens (cheap: no
     integration); a ValueError names the option."""
     from attnflow import Attention
-    from attnflow.analysis import default_cluster_tol
     from attnflow.analysis._input import radius
+    from attnflow.analysis.clusters import default_cluster_tol
     from attnflow.simulate import check_seed
     from attnflow.sphere import uniform
     from attnflow.store import check_store
@@ -279,7 +279,7 @@ def _saved_model(path: Path) -> Any:
 def _run(setup: Setup, progress: bool) -> None:
     """Integrate, write the Trajectory and print a summary."""
     from attnflow import simulate as run
-    from attnflow.analysis import cluster_count
+    from attnflow.analysis.clusters import cluster_count
     from attnflow.integrate import NonFiniteStateError
     from attnflow.simulate import estimate_run
     from attnflow.sphere import geodesic_distance

@@ -6,7 +6,8 @@ The model: tokens on the circle, Q = K = V = I, causal mask, the positional weig
 ALiBi (slope `slope` per unit label: the particles' ALiBi(m) per token at n tokens is slope
 m n). Linearised about the uniform state, mode k of the last label s = 1 answers a unit
 perturbation of label s with the kernel (sigma'(s) / sigma(1)) psi_{r_k t}(log(sigma(1) /
-sigma(s))) (`attnflow.analysis.alibi_memory`), the soft accuracy sums it over k = 1..20 with
+sigma(s))) (`attnflow.analysis.closedforms.alibi_memory`), the soft accuracy sums it over k = 1..20
+with
 the weights e^{-pi^2 k^2 / 128}.
 
 * Solver against the closed form: from the uniform state plus a Gaussian bump g in s (width
@@ -32,7 +33,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from scipy.integrate import quad
 
-from attnflow.analysis.kinetic import SOFT_MODES, alibi_memory, recency_time, soft_weights
+from attnflow.analysis.closedforms import alibi_memory, recency_time, soft_weights
+from attnflow.analysis.kinetic import SOFT_MODES
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention

@@ -34,7 +34,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from scipy.stats import ortho_group
 
-from attnflow.analysis import (
+from attnflow.analysis.atlas import (
     classify_configuration,
     distance_to_subspace,
     predict_configuration,
@@ -144,7 +144,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
         f"{', '.join(params['qk'])} (random: N(0, 1/d) entries). V = I is the same in every "
         "basis, so the first-token row uses one basis.",
         f"Classification at t_end with single linkage at tol = {params['tol']:g} rad, clouds "
-        f"within pi/4 of L (attnflow.analysis.classify_configuration). The observed row at "
+        f"within pi/4 of L (attnflow.analysis.atlas.classify_configuration). The observed row at "
         f"t_end / 2 = {t_end / 2:g} equals the one at t_end in {stable:.0%} of the runs"
         + (". The paper's T = 5000 is used by --full; the shorter horizon suffices here: a "
            "full run during development (T = 5000, 20 seeds) gave the same picture (Q = K = I: "

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import cluster_count, default_cluster_tol
+from attnflow.analysis.clusters import cluster_count, default_cluster_tol
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Output, Progress, save_figure
 from attnflow.family import Attention

@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis.dispersion import dispersion_rate
-from attnflow.analysis.kinetic import causal_memory, cell_memory
+from attnflow.analysis.closedforms import causal_memory, cell_memory, dispersion_rate
 from attnflow.experiments._cells import cell_moments, regress
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis.kinetic import inverse_cdf
+from attnflow.analysis.closedforms import inverse_cdf
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention

@@ -7,7 +7,7 @@ peri-LN with RMSNorm and causal attention; MiniLM, an encoder, post-LN with its 
 LayerNorms, biased projections and full attention); the real network is Euler with dt = 1 on
 the Stack with its MLPs (`forward(..., mlp=True)`), the twin the same weights without them
 (`mlp=False`: attention and norms only). The first `n_tokens` tokens of
-`PARAGRAPH` go through every layer, and `attnflow.analysis.battery` measures the residual
+`PARAGRAPH` go through every layer, and `attnflow.analysis.metrics.battery` measures the residual
 stream entering layer 0 and after each layer, and each layer's attention patterns. Every
 diagnostic gets one figure, with both models and both networks.
 
@@ -70,7 +70,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
 
 
 def _run(params: dict[str, Any], out: Path, progress: Progress) -> Output:
-    from attnflow.analysis import battery
+    from attnflow.analysis.metrics import battery
     from attnflow.pretrained.forward import forward
 
     results: dict[str, Any] = {}

@@ -40,7 +40,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from scipy.stats import t as student_t
 
-from attnflow.analysis import dispersion_rate, k_star
+from attnflow.analysis.closedforms import dispersion_rate, k_star
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention

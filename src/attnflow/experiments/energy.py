@@ -24,7 +24,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from scipy.stats import norm
 
-from attnflow.analysis import log_energy
+from attnflow.analysis.energy import log_energy
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure, wilson
 from attnflow.family import Attention

@@ -17,13 +17,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import (
-    cluster_count,
-    clusters,
-    default_cluster_tol,
-    renyi_centers,
-    strong_renyi_centers,
-)
+from attnflow.analysis.clusters import cluster_count, clusters, default_cluster_tol
+from attnflow.analysis.renyi import renyi_centers, strong_renyi_centers
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Z95, Output, Progress, save_figure, wilson
 from attnflow.family import Attention

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import renyi_centers
+from attnflow.analysis.renyi import renyi_centers
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Output, Progress, save_figure
 from attnflow.family import Attention

@@ -29,7 +29,7 @@ from matplotlib import colormaps
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
-from attnflow.analysis import (
+from attnflow.analysis.closedforms import (
     remark_b2_conditions,
     theorem52_conditions,
     theorem52_max_N,

@@ -11,7 +11,8 @@ Full attention, Q = K = V = I (times the strength K).
 * Threshold: unnormalised weights, sigma = 1: the l = 1 rate sigma^2 (K / K_# - 1) is
   affine in the strength K; the solver's rates at 0.9 K_# and 1.1 K_# give its zero.
 * Continuous (beta = 1 < beta_*): the clustered start e^{2 z} at 1.2 K_# settles on the
-  stationary branch r(K) (`attnflow.analysis.stationary_order`), r = |int x rho|; at 0.9 K_#
+  stationary branch r(K) (`attnflow.analysis.closedforms.stationary_order`), r = |int x rho|; at
+  0.9 K_#
   it returns to the uniform state.
 * Bistable (beta = 2.5 > beta_*): at K = (K_sn + K_#) / 2 the clustered start e^{3.3 z}
   settles on the branch (degree 40: the clustered state at this beta is sharper than a
@@ -32,7 +33,11 @@ from matplotlib.figure import Figure
 from scipy.special import spherical_in
 from scipy.stats import t as student_t
 
-from attnflow.analysis import instability_strength, stationary_order, transition_strengths
+from attnflow.analysis.closedforms import (
+    instability_strength,
+    stationary_order,
+    transition_strengths,
+)
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.experiments.dispersion import linear_window_rates

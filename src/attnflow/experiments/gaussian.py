@@ -5,7 +5,8 @@ Ablin, Carrillo, Peyre; docs/science.md §11.5).
 Tokens in R^d under full softmax attention with no normalisation (the flat scheme,
 `attnflow.family.Flat`): in the mean-field limit a Gaussian law N(m, Sigma) stays Gaussian,
 dm/dt = V (m + Sigma A m), dSigma/dt = V Sigma A Sigma + Sigma A^T Sigma V^T, A = beta K^T Q
-(`attnflow.analysis.gaussian_moments`). Two claims, d = 2, `runs` independent runs of n iid
+(`attnflow.analysis.closedforms.gaussian_moments`). Two claims, d = 2, `runs` independent runs of n
+iid
 tokens each, integrated by dopri5:
 
 * moments: for each configuration (Q, K, V, among them non-symmetric Q^T K and V), the
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import gaussian_blowup_time, gaussian_moments
+from attnflow.analysis.closedforms import gaussian_blowup_time, gaussian_moments
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, mean_se, save_figure
 from attnflow.family import Attention

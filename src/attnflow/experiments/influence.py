@@ -30,8 +30,14 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis.influence import influence_recency_time, mean_influence
-from attnflow.analysis.kinetic import SOFT_MODES, recency_time, soft_accuracy, soft_weights
+from attnflow.analysis.closedforms import (
+    influence_recency_time,
+    mean_influence,
+    recency_time,
+    soft_accuracy,
+    soft_weights,
+)
+from attnflow.analysis.kinetic import SOFT_MODES
 from attnflow.experiments._ledger import claim, without_torch
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention

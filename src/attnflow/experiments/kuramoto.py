@@ -5,7 +5,7 @@
 At beta = 0 every weight is 1/n and with attnflow's noise sigma (d theta = v dt + sigma dB)
 the stationary density is the von Mises law of concentration kappa r, kappa = 2 / sigma^2,
 whose order parameter r solves r = I_1(kappa r) / I_0(kappa r): a root r > 0 iff sigma < 1
-(`attnflow.analysis.kuramoto_order`), the uniform state (r = 0) above.
+(`attnflow.analysis.closedforms.kuramoto_order`), the uniform state (r = 0) above.
 
 * Solver (`attnflow.meanfield.solve` with noise): from exp(cos theta) to `mf_t_end`; r the
   modulus of the first moment at the end.
@@ -30,8 +30,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import kuramoto_order, noise_threshold
-from attnflow.analysis.kinetic import inverse_cdf
+from attnflow.analysis.closedforms import inverse_cdf, kuramoto_order, noise_threshold
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.experiments.noise import (

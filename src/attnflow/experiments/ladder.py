@@ -99,7 +99,7 @@ def trajectory(m: Any, x0: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarr
 
 def _run(model: Any, name: str, params: dict[str, Any], out: Path,
          progress: Progress) -> Output:
-    from attnflow.analysis import battery
+    from attnflow.analysis.metrics import battery
 
     ids = model.token_ids(PARAGRAPH)[: params["n_tokens"]]
     x0 = model.embed(ids).astype(float)

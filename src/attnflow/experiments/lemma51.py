@@ -23,7 +23,8 @@ from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 from scipy.stats import spearmanr
 
-from attnflow.analysis import lemma51_bound, strong_renyi_centers
+from attnflow.analysis.closedforms import lemma51_bound
+from attnflow.analysis.renyi import strong_renyi_centers
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Output, Progress, save_figure
 from attnflow.family import Attention
@@ -104,7 +105,7 @@ def run(params: dict[str, Any], seed: int, out: Path, progress: Progress) -> Out
              f"separation sigma_j = distance to the nearest earlier token in units of "
              f"beta^-1/2 (> 4 by definition); eps = {eps:g} and c_j = sigma_j / (1 + 2 eps). "
              "Bound times T_j from the exact hypothesis T_j s_j h(c beta^-1/2) < eps c "
-             "beta^-1/2 (attnflow.analysis.lemma51_bound); the closed form "
+             "beta^-1/2 (attnflow.analysis.closedforms.lemma51_bound); the closed form "
              "eps exp(c^2/2 - c^4/(24 beta)) / s_j is never larger (here at most "
              f"{np.max(closed / bound_T):.2f} times the exact one).",
              f"Drift checked at {len(times)} saved times, geometric from 0.01 to {t_end:g}; "

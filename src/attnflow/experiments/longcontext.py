@@ -27,7 +27,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from scipy.optimize import brentq
 
-from attnflow.analysis import equiangular_start, output_correlation, output_correlation_limit
+from attnflow.analysis.closedforms import (
+    equiangular_start,
+    output_correlation,
+    output_correlation_limit,
+)
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention

@@ -36,14 +36,14 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis.dispersion import dispersion_rate
-from attnflow.analysis.kinetic import (
-    SOFT_MODES,
+from attnflow.analysis.closedforms import (
     cell_memory,
+    dispersion_rate,
     recency_time,
     soft_accuracy,
     soft_weights,
 )
+from attnflow.analysis.kinetic import SOFT_MODES
 from attnflow.experiments._cells import CellMoments, cell_moments, regress
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure

@@ -29,15 +29,10 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import (
-    cluster_count,
-    default_cluster_tol,
-    density_cluster_count,
-    density_peak_count,
-    dispersion_rate,
-    k_star,
-    log_energy,
-)
+from attnflow.analysis.closedforms import dispersion_rate, k_star
+from attnflow.analysis.clusters import cluster_count, default_cluster_tol
+from attnflow.analysis.energy import log_energy
+from attnflow.analysis.modes import density_cluster_count, density_peak_count
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention

@@ -53,7 +53,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from scipy.special import i0e
 
-from attnflow.analysis import kuramoto_order, noise_threshold, uniform_fluctuation
+from attnflow.analysis.closedforms import kuramoto_order, noise_threshold, uniform_fluctuation
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention

@@ -27,12 +27,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from scipy.integrate import solve_ivp
 
-from attnflow.analysis import (
-    cluster_count,
-    default_cluster_tol,
-    equiangular_rhs,
-    equiangular_start,
-)
+from attnflow.analysis.closedforms import equiangular_rhs, equiangular_start
+from attnflow.analysis.clusters import cluster_count, default_cluster_tol
 from attnflow.analysis.family import NORMS
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure

@@ -25,13 +25,12 @@ import numpy as np
 from matplotlib.figure import Figure
 from scipy.stats import norm
 
-from attnflow.analysis import (
+from attnflow.analysis.closedforms import (
     RENYI_PARKING_CONSTANT,
     expected_renyi_centers_circle,
     expected_strong_centers,
-    renyi_centers,
-    strong_renyi_centers,
 )
+from attnflow.analysis.renyi import renyi_centers, strong_renyi_centers
 from attnflow.experiments._ledger import claim, entry
 from attnflow.experiments._recipe import Claim, Output, Progress, mean_se, save_figure
 from attnflow.sphere import uniform

@@ -20,13 +20,9 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import (
-    cluster_count,
-    default_cluster_tol,
-    expected_strong_centers,
-    renyi_centers,
-    strong_renyi_centers,
-)
+from attnflow.analysis.closedforms import expected_strong_centers
+from attnflow.analysis.clusters import cluster_count, default_cluster_tol
+from attnflow.analysis.renyi import renyi_centers, strong_renyi_centers
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Claim, Output, Progress, save_figure
 from attnflow.family import Attention

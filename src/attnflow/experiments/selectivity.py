@@ -3,7 +3,8 @@
 
 At beta_n = gamma n^{2/(d-1)} the nearest keys' points beta_n (1 - <q, k>) converge to a
 Poisson process and the weights keep a random limit law, neither uniform nor one-hot
-(`attnflow.analysis.limit_statistics`); below that scale (beta = gamma log n) the law of large
+(`attnflow.analysis.closedforms.limit_statistics`); below that scale (beta = gamma log n) the law
+of large
 numbers makes every weight vanish, above it (beta = gamma n^{2/(d-1)} log n) the nearest key
 takes all.
 
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import (
+from attnflow.analysis.closedforms import (
     cap_constant,
     limit_keys,
     limit_statistics,

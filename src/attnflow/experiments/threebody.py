@@ -7,10 +7,12 @@ Full attention, Q = K = V = I, softmax and unnormalised weights.
   RK4 at `rate_dt` to T = min(`rate_t`, log(1e3) / |lambda|) (the perturbation changes by at
   most a factor 1e3: linear throughout), eps = 1e-6 where the closed form says it decays and
   1e-8 where it grows; the rate is the least-squares slope of log |gaps - 2 pi / 3| against
-  t, held to `attnflow.analysis.triangle_rates`. The betas include -2/3 -+ `rate_h`, where
+  t, held to `attnflow.analysis.closedforms.triangle_rates`. The betas include -2/3 -+ `rate_h`,
+  where
   the closed form changes sign.
 * Shares: `runs` iid uniform starts (the same for every beta and weighting), dopri5 to
-  `t_end`, each final configuration classified (`attnflow.analysis.three_token_state`, tol
+  `t_end`, each final configuration classified (`attnflow.analysis.closedforms.three_token_state`,
+  tol
   `tol` rad) as synchronised, triangle or other. t_end: the synchronised state attracts at
   rate 1 (softmax) or e^beta >= e^-2 (unnormalised, beta >= -2), the triangle below -2/3 at
   |lambda| >= 0.13 (beta <= -0.8), and a start 1e-3 from the unstable triangle leaves it
@@ -27,7 +29,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from attnflow._checks import fail
-from attnflow.analysis import three_token_state, triangle_rates, triangle_threshold
+from attnflow.analysis.closedforms import three_token_state, triangle_rates, triangle_threshold
 from attnflow.analysis.threebody import OTHER, SYNCHRONISED, TRIANGLE
 from attnflow.experiments._ledger import claim
 from attnflow.experiments._recipe import Z95, Claim, Output, Progress, save_figure, wilson

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow.analysis import (
+from attnflow.analysis.closedforms import (
     dispersion_rate,
     instability_strength,
     linear_fluctuation,

@@ -39,13 +39,9 @@ import numpy as np
 
 from attnflow._array import to_numpy
 from attnflow._checks import fail
-from attnflow.analysis import (
-    default_cluster_tol,
-    length_scale,
-    renyi_centers,
-    strong_renyi_centers,
-)
+from attnflow.analysis.clusters import default_cluster_tol, length_scale
 from attnflow.analysis.metrics import evaluate_metric
+from attnflow.analysis.renyi import renyi_centers, strong_renyi_centers
 from attnflow.plot import frame
 from attnflow.trajectory import Trajectory
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow.analysis import mean_pairwise_cosine, sink_rate
+from attnflow.analysis.depth import mean_pairwise_cosine, sink_rate
 from attnflow.explorer.pack import _LEVELS, ANGLE_STEP, FORMAT, VIEWS
 from attnflow.plot import frame
 from attnflow.pretrained.trace import accumulated_resid, stacked

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import as_generator, fail
-from attnflow.analysis.kinetic import inverse_cdf
+from attnflow.analysis.closedforms import inverse_cdf
 from attnflow.meanfield.density import Density
 from attnflow.meanfield.initial import DEFAULT_TAIL
 from attnflow.meanfield.result import MeanFieldResult

@@ -14,7 +14,7 @@ import numpy as np
 
 from attnflow._array import to_numpy
 from attnflow._checks import fail, positive
-from attnflow.analysis import default_cluster_tol, length_scale
+from attnflow.analysis.clusters import default_cluster_tol, length_scale
 from attnflow.trajectory import Trajectory
 
 
@@ -114,7 +114,8 @@ def _beta(traj: Trajectory, t: float) -> float:
 
 def _delta(beta: float, delta: float | None) -> float:
     """The Rényi radius: given, or 4 |beta|^{-1/2} as in all the paper's figures
-    (docs/science.md §3; `attnflow.analysis.length_scale`, beta of either sign), capped at pi
+    (docs/science.md §3; `attnflow.analysis.clusters.length_scale`, beta of either sign), capped at
+    pi
     (for |beta| < 16 / pi^2 the ball is the whole sphere)."""
     if delta is not None:
         return positive("delta", delta)

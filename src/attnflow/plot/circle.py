@@ -11,7 +11,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from attnflow._checks import fail
-from attnflow.analysis import Clusters, clusters, renyi_centers, strong_renyi_centers
+from attnflow.analysis.clusters import Clusters, clusters
+from attnflow.analysis.renyi import renyi_centers, strong_renyi_centers
 from attnflow.plot._input import (
     _beta,
     _causal_marks,

@@ -234,7 +234,7 @@ def plot_moments(
     see).
 
     On S^2 (a result and particles with d = 3) the moments are those of the real orthonormal
-    spherical harmonics Y_lm of `attnflow.analysis.harmonic_moments` (mean of Y^2 over the
+    spherical harmonics Y_lm of `attnflow.analysis.moments.harmonic_moments` (mean of Y^2 over the
     sphere 1), one panel per degree l with every order m = -l..l as a line in its band
     m_lm +- 2 sd / sqrt(n), sd^2 = int Y_lm^2 rho - m_lm^2 (`sphere_field_moments`: the
     solver's Gauss grid, exact), and the same distance panel below.

@@ -14,8 +14,9 @@ from matplotlib.figure import Figure
 
 from attnflow._array import to_numpy
 from attnflow._checks import fail
-from attnflow.analysis import cluster_count, renyi_centers, strong_renyi_centers
+from attnflow.analysis.clusters import cluster_count
 from attnflow.analysis.metrics import METRICS
+from attnflow.analysis.renyi import renyi_centers, strong_renyi_centers
 from attnflow.plot._input import (
     _beta,
     _causal_marks,
@@ -83,7 +84,7 @@ def plot_timeseries(
     """Counts and spread of the tokens against time, on a log time axis.
 
     Top panel: the number of single-linkage clusters at geodesic tolerance tol (default
-    beta^{-1/2} / 4; `attnflow.analysis.cluster_count`) and the numbers of Rényi and strong
+    beta^{-1/2} / 4; `attnflow.analysis.clusters.cluster_count`) and the numbers of Rényi and strong
     Rényi centers of radius delta (default 4 beta^{-1/2}, at most pi) of the configuration at
     each time (docs/science.md §4); the centers by default for causal runs only
     (`centers=None`; they are defined by the arrival order, which full attention does not

@@ -8,7 +8,7 @@ For head h (shapes and conventions in `attnflow.pretrained.checkpoint`):
   spectrum*, as in the paper's figure for albert-xlarge-v2; on the full residual stream V_h also
   has the eigenvalue 0 with multiplicity >= d - d_head, so when lambda_max < 0 the top
   eigenvalue of V_h itself is 0 (its kernel). The atlas row (docs/science.md §3, Table 1) is that of
-  W_V^h W_O^h, through `attnflow.predict_configuration`.
+  W_V^h W_O^h, through `attnflow.analysis.atlas.predict_configuration`.
 * **Query-key side.** B_h = (W_Q^h)^T W_K^h / sqrt(d_head), so the head's score is
   x_k^T B_h x_j. The effective beta is its spectral norm ||B_h||_2 (largest singular value):
   the largest score between unit vectors, i.e. the beta of the paper's model with Q^T K of
@@ -65,7 +65,8 @@ class HeadSpectrum(ShortRepr):
         on the span of the rows of W_Q^h and W_K^h: all its nonzero eigenvalues (and zeros
         if that span has dimension < 2 d_head); the rest of its spectrum is 0.
     beta_eff : ||B_h||_2, the spectral norm of B_h.
-    atlas_row : the atlas row predicted from W_V^h W_O^h (`attnflow.predict_configuration`).
+    atlas_row : the atlas row predicted from W_V^h W_O^h
+    (`attnflow.analysis.atlas.predict_configuration`).
     """
 
     layer: int
@@ -114,7 +115,7 @@ class HeadSpectrum(ShortRepr):
 
 def layer_spectra(layer: AttentionLayer) -> list[HeadSpectrum]:
     """The `HeadSpectrum` of every head of one layer."""
-    from attnflow.analysis import predict_configuration
+    from attnflow.analysis.atlas import predict_configuration
 
     out = []
     for h in range(layer.n_heads):

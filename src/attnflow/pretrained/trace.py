@@ -21,7 +21,7 @@ methods of the same names):
     accumulated_resid(ds)          (layer, pos, d_model)  the residual stream entering each
                                    layer 0..L-1, then leaving the last (layer L): L + 1 entries
     stack_activation(ds, hook)     (layer, ...)  one hook over the layers, labelled
-    stacked(ds, hook)              the same as a numpy array (what `attnflow.analysis.battery`
+    stacked(ds, hook)              the same as a numpy array (what `attnflow.analysis.depth.battery`
                                    reads)
 
 A trace made by `trace_dataset` or read by `load_trace` also has them as methods of its
@@ -257,7 +257,7 @@ def stack_activation(ds: Any, hook: str) -> Any:
 
 def stacked(ds: Any, hook: str) -> np.ndarray:
     """The (L, ...) numpy array of `stack_activation`, e.g. ``stacked(ds,
-    "hook_resid_post")`` (L, n, d) for `attnflow.analysis.battery`."""
+    "hook_resid_post")`` (L, n, d) for `attnflow.analysis.depth.battery`."""
     return stack_activation(ds, hook).values
 
 

@@ -6,7 +6,8 @@ that selection, `DEFAULT_METRICS` what a spec without ``keep.metrics`` keeps. Ea
 saved token directions of a batch of runs, (T, B, n, d), and their initial tokens (B, n, d)
 to values (T, B). Its radii (cluster tolerance, Rényi radius delta, consumption radius r,
 all in rad) are scales of |beta|^{-1/2} (beta of either sign:
-`attnflow.analysis.length_scale`); at each save time t they, beta and the Q, K of the energy
+`attnflow.analysis.clusters.length_scale`); at each save time t they, beta and the Q, K of the
+energy
 are those of the layer acting at t (``model.layer_at(t)``: the only layer of a tied model).
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow.analysis import default_cluster_tol, length_scale
+from attnflow.analysis.clusters import default_cluster_tol, length_scale
 from attnflow.analysis.metrics import METRICS as REGISTRY
 from attnflow.analysis.metrics import Metric, evaluate_metric
 
