@@ -155,6 +155,17 @@ def test_noiseless_data_converge_to_round_off_with_the_noise_floor():
     assert result.sigma < 1e-12  # the residual standard error: round-off
 
 
+def test_parameters_the_observations_do_not_determine_get_infinite_errors_and_a_warning():
+    # V = 0: nothing moves, whatever B; the data are the start's own states (r = 0)
+    x0 = af.sphere.uniform(8, 2, seed=4)
+    still = np.broadcast_to(x0, (len(TIMES), 8, 2))
+    with pytest.warns(FitWarning, match=r"do not determine the parameters \(the Jacobian has "
+                      r"rank 4 of 8\): infinite standard errors"):
+        result = fit(x0, TIMES, still, (np.zeros((2, 2)), np.zeros((2, 2))), dt=0.1)
+    assert result.converged and result.evaluations == 1
+    assert np.all(np.isinf(result.B_se)) and np.all(np.isinf(result.V_se))
+
+
 B2, V2 = np.array([[1.5, 0.6], [-0.4, 1.2]]), np.eye(2)
 X0 = af.sphere.uniform(8, 2, seed=3)
 

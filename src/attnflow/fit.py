@@ -226,7 +226,7 @@ def _engine(x0: np.ndarray, times: np.ndarray, observed: np.ndarray, dt: float, 
     import torch
 
     d = x0.shape[1]
-    x0_t, y_t = torch.from_numpy(x0), torch.from_numpy(observed)
+    x0_t, y_t = torch.tensor(x0), torch.tensor(observed)  # copies: inputs may be read-only
 
     def r(theta):
         return (states(theta[:d * d].reshape(d, d), theta[d * d:].reshape(d, d), x0_t, times,
