@@ -10,7 +10,6 @@ import attnflow as af
 from attnflow.analysis.depth import (
     angular_distance,
     attention_to_first,
-    battery,
     cluster_count_at,
     cosine_to_first,
     effective_rank,
@@ -21,6 +20,7 @@ from attnflow.analysis.depth import (
     sink_rate,
     strong_renyi_center_count,
 )
+from attnflow.analysis.metrics import battery
 
 
 def orthonormal(n: int, d: int, seed: int = 0) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytest
 import xarray as xr
 
 import attnflow as af
-from attnflow.analysis.depth import battery
+from attnflow.analysis.metrics import battery
 from attnflow.pretrained.trace import (
     accumulated_resid,
     hook_name,
