@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 
 from attnflow._checks import fail
-from attnflow.kernels import auto, blocked, dense, fused, fused_torch, harmonic
+from attnflow.kernels import auto, blocked, dense, fused, fused_torch, harmonic, triton_fused
 from attnflow.kernels import torch as torch_kernel
 from attnflow.kernels.types import Kernel, Memory, Normalization
 
@@ -83,6 +83,8 @@ def kernel_name(kernel: Kernel) -> str:
         return "torch"
     if kernel is fused_torch.attend_tensor:
         return "fused"
+    if kernel is triton_fused.attend_or_sdpa:
+        return "triton (torch SDPA where gradients are taken)"
     return getattr(kernel, "__qualname__", type(kernel).__name__)
 
 

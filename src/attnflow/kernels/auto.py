@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow.kernels import blocked, dense, fused, fused_torch, harmonic
+from attnflow.kernels import blocked, dense, fused, fused_torch, harmonic, triton_fused
 from attnflow.kernels import torch as torch_kernel
 from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.options import ALL, LinearBias, check_normalization, needed
@@ -89,8 +89,11 @@ def choose_tensor(x: Any, e: int, bias: Any = None, normalization: Normalization
     numba fused kernel with its fused backward) where it covers the call
     (`fused_torch.covers`) and, as `choose` rules for numpy arrays, the batch fills its
     tiles (MIN_RUNS_FUSED runs, MIN_PAIRS_FUSED pairs) and heads are at most
-    MAX_HEAD_FUSED_TENSOR; otherwise, and with backend "torch", and on other devices,
-    `attnflow.kernels.torch.attend_tensor` (SDPA on the tensor's device). Raises ValueError
+    MAX_HEAD_FUSED_TENSOR. On CUDA tensors with heads of 2 to 16 (`triton_fused.covers`)
+    `triton_fused.attend_or_sdpa`: the Triton fused kernel for calls that take no gradient,
+    SDPA for those that do (the Triton kernel has no backward). Otherwise, and always with
+    backend "torch", `attnflow.kernels.torch.attend_tensor` (SDPA on the tensor's device).
+    Raises ValueError
     for hardmax (beta = +-inf), which runs on numpy arrays only."""
     need = needed(bias, check_normalization(normalization), None if beta is None or not
                   isinstance(beta, (int, float)) else beta)
@@ -104,6 +107,9 @@ def choose_tensor(x: Any, e: int, bias: Any = None, normalization: Normalization
             and max(e, d) <= MAX_HEAD_FUSED_TENSOR
             and fused_torch.covers(x, e, d, bias, check_normalization(normalization), beta)):
         return fused_torch.attend_tensor
+    if backend == "auto" and triton_fused.covers(x, e, d, bias,
+                                                 check_normalization(normalization), beta):
+        return triton_fused.attend_or_sdpa
     return torch_kernel.attend_tensor
 
 

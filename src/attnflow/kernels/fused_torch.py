@@ -28,7 +28,7 @@ from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.options import LinearBias
 from attnflow.kernels.types import Memory, Normalization
 
-__all__ = ["MAX_HEAD", "attend_tensor", "covers"]
+__all__ = ["MAX_HEAD", "attend_tensor", "covers", "plain_tensors"]
 
 MAX_HEAD = 16  # head sizes e, f up to which the fused kernel's unrolled loops pay (auto.py)
 DOUBLE_BACKWARD = ("create_graph: a second derivative through the fused CPU kernel is not "
@@ -64,7 +64,7 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: Any, mask: MaskSpec,
     import torch
 
     if not (covers(q, q.shape[-1], v.shape[-1], bias, normalization, beta)
-            and _plain(q, k, v, beta, bias, *(memory or ()))):
+            and plain_tensors(q, k, v, beta, bias, *(memory or ()))):
         return torch_kernel.attend_tensor(q, k, v, beta, mask, memory, bias, normalization)
     if is_tensor(beta):  # a tensor beta stays in the graph: it scales q (autograd's product)
         q, beta = q * beta, 1.0
@@ -84,7 +84,7 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: Any, mask: MaskSpec,
     return out.reshape(*lead, n, f)
 
 
-def _plain(*tensors: Any) -> bool:
+def plain_tensors(*tensors: Any) -> bool:
     """Whether every tensor among `tensors` is an ordinary one with storage: not wrapped by a
     torch.func transform, not a dual tensor of forward-mode AD."""
     import torch
