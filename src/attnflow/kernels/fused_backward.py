@@ -11,11 +11,12 @@ output o_i = sum_j p_ij v_j, the gradient of a loss with dL/do_i = g_i is
     d log a_j = sum_i ds_ij (memory),     d slope = -sum_ij ds_ij |i - j| (ALiBi's LinearBias)
 
 (memory keys and values: dk_j, dv_j of their columns, summed over the runs). One pass per
-row like the forward: the row's scores, their maximum and sum (the softmax recomputed from
-the saved output's inputs, in one row of n + m numbers), then every term above. Runs are
-independent and shared among threads (`attnflow.parallel`); within a run the keys' sums
-stay in lane-major tiles (coordinate, key) so that each row's loops over keys vectorise
-(`_vexp.vexp`, 2.9e-16 in float64). float32 and float64 are computed in their own dtype.
+row like the forward: each weight recomputed from its score and the row's log-sum-exp,
+lse_i = log sum_j exp(s_ij), which the forward saved (`fused.attend_lse`): p_ij =
+exp(s_ij - lse_i), then every term above in the same loop over keys. As in the forward,
+runs are the SIMD lanes (tiles of `fused.tile_runs` runs, lane-last), tiles shared among
+threads (`attnflow.parallel`); exp is `_vexp.vexp` (2.9e-16 in float64). float32 and
+float64 are computed in their own dtype.
 """
 
 from __future__ import annotations
@@ -61,10 +62,9 @@ def _compile(e: int, f: int, biased: bool, slope: bool, lanes: int):
 
     # error_model "numpy": a row whose weights are all 0 gives NaN, as the forward does
     @njit(nogil=True, fastmath=FASTMATH, cache=True, error_model="numpy")
-    def kernel(q, k, v, out, g, mem_k, mem_v, rows, lo, hi, beta,
+    def kernel(q, k, v, out, lse, g, mem_k, mem_v, rows, lo, hi, beta,
                dq, dk, dv, dmem_k, dmem_v, dmem_w, dslope,
-               qt, kt, vt, gt, dot, dkt, dvt, dwt, s, top, total, acc, distance,
-               tile0, tile1):
+               qt, kt, vt, gt, dot, lset, dkt, dvt, dwt, acc, distance, dsj, tile0, tile1):
         wide_vectors()
         arrays_do_not_overlap()
         runs, n = q.shape[0], q.shape[1]
@@ -85,6 +85,7 @@ def _compile(e: int, f: int, biased: bool, slope: bool, lanes: int):
             vt[:n] = zero
             gt[:] = zero
             dot[:] = zero
+            lset[:] = zero
             dkt[:] = zero
             dvt[:] = zero
             dwt[:] = zero
@@ -98,40 +99,22 @@ def _compile(e: int, f: int, biased: bool, slope: bool, lanes: int):
                         vt[j, c, l] = v[b0 + l, j, c]
                         gt[j, c, l] = g[b0 + l, j, c]
                         dot[j, l] += g[b0 + l, j, c] * out[b0 + l, j, c]
+                    lset[j, l] = lse[b0 + l, j]
             for i in range(n):
                 row = rows[i if rows.shape[0] > 1 else 0]
-                qi, gi, doti = qt[i], gt[i], dot[i]
+                qi, gi, doti, lse_i = qt[i], gt[i], dot[i], lset[i]
                 width = hi[i] - lo[i]
-                top[:] = -np.inf
+                acc[:] = zero
                 for r in range(width + m):  # r: allowed tokens lo[i].., then memory
                     j = lo[i] + r if r < width else n + r - width
-                    kj, sr = kt[j], s[r]
+                    kj, vj, dkj, dvj = kt[j], vt[j], dkt[j], dvt[j]
                     b_j = row[j] if biased else zero
-                    for l in range(lanes):
-                        x = b_j
+                    far = q.dtype.type(abs(i - j))
+                    for l in range(lanes):  # one pass: the weight from the forward's lse
+                        x = b_j - lse_i[l]
                         for c in range(e):
                             x += qi[c, l] * kj[c, l]
-                        sr[l] = x
-                        top[l] = max(top[l], x)
-                for l in range(lanes):  # no allowed key: shift 0, then 0 / 0, NaN
-                    top[l] = top[l] if top[l] > -np.inf else zero
-                total[:] = zero
-                for r in range(width + m):
-                    sr = s[r]
-                    for l in range(lanes):
-                        w = vexp(sr[l] - top[l])
-                        sr[l] = w
-                        total[l] += w
-                for l in range(lanes):
-                    total[l] = 1 / total[l]
-                acc[:] = zero
-                for r in range(width + m):
-                    j = lo[i] + r if r < width else n + r - width
-                    kj, vj, dkj, dvj, sr = kt[j], vt[j], dkt[j], dvt[j], s[r]
-                    far = zero if j >= n else q.dtype.type(abs(i - j))
-                    dw = dwt[j - n if j >= n else 0]
-                    for l in range(lanes):
-                        p = sr[l] * total[l]
+                        p = vexp(x)
                         t = -doti[l]
                         for c in range(f):
                             t += gi[c, l] * vj[c, l]
@@ -140,12 +123,14 @@ def _compile(e: int, f: int, biased: bool, slope: bool, lanes: int):
                         for c in range(e):
                             dkj[c, l] += ds * qi[c, l]
                             acc[c, l] += ds * kj[c, l]
-                        if slope:
-                            distance[l] += ds * far
-                        sr[l] = ds
-                    if j >= n:
+                        dsj[l] = ds
+                    if slope and j < n:
                         for l in range(lanes):
-                            dw[l] += sr[l]
+                            distance[l] += dsj[l] * far
+                    if j >= n:
+                        dw = dwt[j - n]
+                        for l in range(lanes):
+                            dw[l] += dsj[l]
                 for l in range(used):
                     for c in range(e):
                         dq[b0 + l, i, c] = beta * acc[c, l]
@@ -170,22 +155,23 @@ def _scratch(n: int, m: int, e: int, f: int, lanes: int, dtype: np.dtype
              ) -> tuple[np.ndarray, ...]:
     """One share's lane-last scratch (`fused._aligned_zeros`): beta q qt (n, e, lanes), keys
     kt (n + m, e, lanes) and values vt (n + m, f, lanes) (rows n..: the memory), dL/do gt
-    (n, f, lanes), <dL/do_i, o_i> dot (n, lanes), the gradients dkt, dvt of kt, vt and dwt
-    (m, lanes) of the log-weights, one row's weights s (n + m, lanes), and per-lane rows:
-    top, total (lanes,), dq_i acc (e, lanes), sum ds_ij |i - j| distance (lanes,)."""
+    (n, f, lanes), <dL/do_i, o_i> dot and the forward's lse (n, lanes), the gradients dkt,
+    dvt of kt, vt and dwt (m, lanes) of the log-weights, and per-lane rows: dq_i acc
+    (e, lanes), sum ds_ij |i - j| distance and one key's ds_ij (lanes,)."""
     z = lambda *shape: aligned_zeros(shape, dtype)  # noqa: E731
     return (z(n, e, lanes), z(n + m, e, lanes), z(n + m, f, lanes), z(n, f, lanes),
-            z(n, lanes), z(n + m, e, lanes), z(n + m, f, lanes), z(max(m, 1), lanes),
-            z(n + m, lanes), z(lanes), z(lanes), z(e, lanes), z(lanes))
+            z(n, lanes), z(n, lanes), z(n + m, e, lanes), z(n + m, f, lanes),
+            z(max(m, 1), lanes), z(e, lanes), z(lanes), z(lanes))
 
 
 def attend_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
-                    g: np.ndarray, beta: float, mask: MaskSpec, mem_k: np.ndarray,
+                    lse: np.ndarray, g: np.ndarray, beta: float, mask: MaskSpec, mem_k: np.ndarray,
                     mem_v: np.ndarray, log_weights: np.ndarray, bias: np.ndarray | None,
                     slope: bool = False) -> tuple[np.ndarray, ...]:
     """The gradients of softmax attention (module docstring) at one call of the fused kernel.
 
-    q, k : (runs, n, e), v, out (the forward's output), g (dL/dout) : (runs, n, f), all
+    q, k : (runs, n, e), v, out (the forward's output), g (dL/dout) : (runs, n, f), lse :
+    (runs, n) the forward's log-sum-exp of each row's scores (`fused.attend_lse`), all
     C-contiguous in one dtype (float32 or float64). beta : a finite real. mask : the call's
     mask. mem_k (m, e), mem_v (m, f), log_weights (m,) : the memory (m = 0: none).
     bias : None or the (n, n) score bias (finite or -inf). slope : also return the gradient
@@ -207,7 +193,7 @@ def attend_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray
     dslope = np.zeros(runs, dtype)
     lanes = tile_runs(dtype, runs)
     kernel = _compile(e, f, biased, slope, lanes)
-    args = (q, k, v, out, g, np.ascontiguousarray(mem_k, dtype),
+    args = (q, k, v, out, lse, g, np.ascontiguousarray(mem_k, dtype),
             np.ascontiguousarray(mem_v, dtype), rows, lo, hi, dtype.type(beta),
             dq, dk, dv, dmem_k, dmem_v, dmem_w, dslope)
     if runs and n:

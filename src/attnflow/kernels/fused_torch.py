@@ -116,9 +116,9 @@ def _autograd_function() -> Any:
                                                                               log_w)))
             mem_np = memory or (np.zeros((0, q.shape[-1]), qn.dtype),
                                 np.zeros((0, v.shape[-1]), qn.dtype), np.zeros(0, qn.dtype))
-            out = torch.from_numpy(fused.attend(qn, _numpy(k), _numpy(v), beta, mask,
-                                                memory, bias))
-            ctx.save_for_backward(q, k, v, out)
+            out, lse = (torch.from_numpy(a) for a in fused.attend_lse(
+                qn, _numpy(k), _numpy(v), beta, mask, memory, bias))
+            ctx.save_for_backward(q, k, v, out, lse)
             ctx.extra = (mem_np, slope is not None, beta, mask,
                          bias.matrix(q.shape[-2]) if isinstance(bias, LinearBias) else bias)
             return out
@@ -127,10 +127,11 @@ def _autograd_function() -> Any:
         def backward(ctx: Any, g: Any) -> tuple[Any, ...]:
             if torch.is_grad_enabled():
                 raise RuntimeError(DOUBLE_BACKWARD)
-            q, k, v, out = ctx.saved_tensors
+            q, k, v, out, lse = ctx.saved_tensors
             (mem_k, mem_v, log_w), slope, beta, mask, bias = ctx.extra
             grads = fused_backward.attend_backward(
-                _numpy(q), _numpy(k), _numpy(v), _numpy(out), _numpy(g.contiguous()), beta,
+                _numpy(q), _numpy(k), _numpy(v), _numpy(out), _numpy(lse), _numpy(g.contiguous()),
+                beta,
                 mask, mem_k, mem_v, log_w, bias, slope=slope)
             dq, dk, dv, dmk, dmv, dmw, dslope = (torch.from_numpy(np.asarray(a)) for a in grads)
             has_memory = len(log_w) > 0

@@ -173,8 +173,9 @@ def attend_or_sdpa(q: Any, k: Any, v: Any, beta: Any, mask: MaskSpec,
     inputs = (q, k, v, beta, *(memory or ()))
     grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in inputs)
-    if grad or not plain_tensors(*inputs) or normalization != "softmax" or isinstance(bias, torch.Tensor) or (
-            isinstance(bias, LinearBias) and isinstance(bias.slope, torch.Tensor)):
+    if (grad or not plain_tensors(*inputs) or normalization != "softmax"
+            or isinstance(bias, torch.Tensor)
+            or (isinstance(bias, LinearBias) and isinstance(bias.slope, torch.Tensor))):
         return torch_kernel.attend_tensor(q, k, v, beta, mask, memory, bias, normalization)
     if isinstance(bias, LinearBias):
         bias = bias.matrix(q.shape[-2])
