@@ -14,6 +14,8 @@ REPEATS):
 * d = 2, 3 (B 32 runs, n 200, causal, beta 64, 10 RK4 steps of dt 0.05): attnflow's choice
   on CPU tensors is the fused kernel with its fused backward (kernels/fused_torch.py);
 * d = 64 (same sizes): SDPA on both sides (heads above auto.MAX_HEAD_FUSED_TENSOR);
+* one attention call forward + backward, fused kernel against SDPA, d = 2, 3, 8, 16 (the
+  crossover of `auto.MAX_HEAD_FUSED_TENSOR`);
 * an Adam step through a small run (one run, n 24, d 3, full mask, beta 1, t 4, dt 0.05;
   the parameter Q, the loss as above): simulate's own cost around SDPA.
 
@@ -131,6 +133,35 @@ def row(name: str, runs: int, n: int, d: int, beta: float, mask: str, steps: int
             f"{best['ours'] / best['plain']:.3f} | {load:.1f} |")
 
 
+def kernel_row(d: int, runs: int, n: int, repeats: int) -> str:
+    """One causal attention call (beta 64) forward + backward: the fused kernel on CPU tensors
+    (kernels/fused_torch.py) against SDPA (kernels/torch.py), float64, the better of 1 and 2
+    threads: the crossover behind auto.MAX_HEAD_FUSED_TENSOR."""
+    from attnflow.kernels import fused_torch
+    from attnflow.kernels import torch as torch_kernel
+
+    rng = np.random.default_rng(2)
+    x = torch.tensor(rng.standard_normal((runs, n, d)) / np.sqrt(d), requires_grad=True)
+    W = torch.from_numpy(rng.standard_normal((runs, n, d)))
+
+    def call(kernel) -> list[torch.Tensor]:
+        return list(torch.autograd.grad((kernel(x, x, x, 64.0, "causal") * W).sum(), x))
+
+    a, b = call(fused_torch.attend_tensor), call(torch_kernel.attend_tensor)
+    err = float((a[0] - b[0]).abs().max()) / (1 + float(b[0].abs().max()))
+    assert err <= 1e-12, f"kernel d={d}: fused and SDPA gradients differ by {err:.2e}"
+    best = {}
+    for threads in (1, 2):
+        on_threads(threads)
+        for who, kernel in (("fused", fused_torch.attend_tensor),
+                            ("sdpa", torch_kernel.attend_tensor)):
+            t = best_time(lambda kernel=kernel: call(kernel), repeats)
+            best[who] = min(best.get(who, np.inf), t)
+    return (f"| kernel d={d} | B={runs}, n={n}, causal, beta=64, one call | fused vs SDPA | "
+            f"{best['fused'] * 1e3:.2f} ms | {best['sdpa'] * 1e3:.2f} ms | "
+            f"{best['fused'] / best['sdpa']:.3f} | {os.getloadavg()[0]:.1f} |")
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a check that it runs)")
@@ -140,6 +171,7 @@ def main(argv: list[str] | None = None) -> str:
     repeats = 1 if args.quick else REPEATS
     rows = [row(f"d={d}", big["runs"], big["n"], d, 64.0 if d < 64 else 1.0, "causal",
                 big["steps"], 0.05, False, repeats) for d in (2, 3, 64)]
+    rows += [kernel_row(d, big["runs"], big["n"], 5 * repeats) for d in (2, 3, 8, 16)]
     rows.append(row("Adam step", 1, 24, 3, 1.0, "full", 4 if args.quick else 80, 0.05, True,
                     repeats))
     lines = ["| row | workload | attnflow kernel | simulate fwd+bwd | plain loop | ratio "
