@@ -184,3 +184,23 @@ def test_simulate_picks_it_on_cpu_and_matches_the_sdpa_path():
     assert results["auto"][0] == "fused" and results["torch"][0] == "torch"
     for a, b in zip(results["auto"][1:], results["torch"][1:]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * (1 + float(b.abs().max())))
+
+
+@pytest.mark.parametrize("beta", [2.0, 400.0])  # 400: rows past fused.SAFE_SPREAD (exact max)
+def test_forward_log_sum_exp_and_gradients_at_small_and_large_beta(beta):
+    from attnflow.kernels import fused
+
+    x = uniform((3, 30), 3, seed=12)
+    out, lse = fused.attend_lse(x, x, x, beta, "causal", bias=LinearBias(0.1))
+    t = torch.from_numpy(x)
+    i = torch.arange(30)
+    scores = beta * (t @ t.transpose(-1, -2)) - 0.1 * (i[:, None] - i[None, :]).abs().double()
+    scores = scores.masked_fill(i[None, :] > i[:, None], -torch.inf)
+    want = torch.logsumexp(scores, -1)
+    assert float((torch.from_numpy(lse) - want).abs().max()) <= 1e-12 * (1 + beta)
+    leaf = t.clone().requires_grad_(True)
+    got = torch.autograd.grad(fused_torch.attend_tensor(leaf, leaf, leaf, beta, "causal")
+                              .pow(2).sum(), leaf)[0]
+    ref = torch.autograd.grad(reference(leaf, leaf, leaf, beta, "causal").pow(2).sum(),
+                              leaf)[0]
+    assert float((got - ref).abs().max()) <= 1e-12 * (1 + float(ref.abs().max()))
