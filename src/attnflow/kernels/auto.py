@@ -38,8 +38,10 @@ SUPPORTS = ALL  # every option: calls that need one the fast kernels lack go to 
 # 0.087 ms at 80 tokens, 0.084 vs 0.086 at 96, 0.098 vs 0.088 at 112.
 MIN_RUNS_FUSED = 8  # runs from which the fused kernel beats the others
 MAX_HEAD_FUSED = 16  # head sizes e, f up to which its unrolled loops pay
-# On CPU tensors, against SDPA with its backward (benchmarks/gradients.py, RESULTS.md):
-# forward + backward of B 32, n 200, causal, beta 64: MEASURED.
+# On CPU tensors, the fused kernel with its fused backward against SDPA with its own, one
+# causal call forward + backward, B 32, n 200, beta 64, float64, better of 1 and 2 threads
+# (benchmarks/gradients.py, 2026-12-08, AVX2, machine loaded: load 4): 0.63x at d = 2,
+# 0.72x at 3, 0.57x at 8, 2.7x at 16 (its lane tiles of 16 coordinates spill).
 MAX_HEAD_FUSED_TENSOR = 8
 # Below this many pair evaluations per call a call is too small for the fused kernel's
 # one-off compilation (seconds per head sizes and dtype, then cached on disk) to matter.
