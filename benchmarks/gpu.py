@@ -18,6 +18,11 @@ the exp floor is torch.exp over a large array. Then the rows (`ROWS`):
   numpy fused kernel, and the float32 final state against float64. On a GPU the fused kernel
   also runs at other block sizes and warps (`triton_configs`, rows "Triton fused BMxBN/Ww"),
   so that the first run shows which defaults to keep (W1 and E1).
+* W1B: W1 with gradients: RK4 through the attention kernel attnflow picks for the device's
+  tensors (`Attention.kernel_for`: SDPA on CUDA, where the Triton kernel has no backward;
+  on CPU the fused kernel with its fused backward for enough runs), forward alone and
+  forward + backward of the sum of the final state with respect to x0, float32 and float64.
+  Agreement: the gradient's directional derivative against central differences.
 * E1: one exact causal evaluation, d 2, n 10^6, float32, beta 64: the fused kernel, and SDPA
   with the head padded to 8 columns for comparison. Agreement: 64 rows against float64 sums.
 * H1: the harmonic kernel on the device (`harmonic_torch`), circle, causal, beta 64, n 10^7;
@@ -51,7 +56,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 BETA, N, D, DT = 64.0, 200, 2, 0.05
-ROWS = ("W1", "E1", "H1", "H4", "W2", "BW", "TD")
+ROWS = ("W1", "W1B", "E1", "H1", "H4", "W2", "BW", "TD")
 TARGETS = {
     "W1 float32": "float32 >= 25 % of the exp floor",
     "W1 float64": "float64 >= 30 % of the float64 exp floor",
@@ -59,6 +64,7 @@ TARGETS = {
     "H1": "<= 50 ms",
     "H4": "<= 20 s",
     "W2": "within 1.2x of SDPA",
+    "W1B": "forward + backward, time stated beside the forward",
     "BW": "backward <= 3x forward, memory stated",
     "TD": "side by side",
 }
@@ -314,6 +320,40 @@ def row_w1(b: Bench) -> None:
               f"max diff {gap:.1e}", "")
 
 
+def row_w1_backward(b: Bench) -> None:
+    torch = b.torch
+    import attnflow as af
+
+    runs, steps = (2, 1) if b.quick else (4096, 10)
+    pairs = runs * N * (N + 1) / 2 * 4 * steps
+    for dtype in (torch.float64, torch.float32):
+        name = str(dtype).split(".")[1]
+        x0 = on_circle(torch, (runs, N, D), b.device, dtype, seed=11)
+        h = on_circle(torch, (runs, N, D), b.device, dtype, seed=12)
+        kernel = af.Attention(beta=BETA).kernel_for(x0)
+        label = af.kernels.kernel_name(kernel)
+
+        def field(x, kernel=kernel):
+            return project(x, kernel(x, x, x, BETA, "causal"))
+
+        def both(x0=x0, field=field):
+            x = x0.clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(rk4(field, x, steps).sum(), x)
+            return grad
+
+        both()  # first calls of the autograd paths (and compilation)
+        fwd, _ = b.timed(lambda x0=x0, field=field: rk4(field, x0, steps), repeat=2)
+        wall, grad = b.timed(both, repeat=2)
+        eps = 1e-3 if dtype == torch.float32 else 1e-6
+        fd = (rk4(field, x0 + eps * h, steps).sum() - rk4(field, x0 - eps * h, steps).sum()) \
+            / (2 * eps)
+        rel = abs(float(fd) - float((grad * h).sum())) / max(abs(float(fd)), 1e-30)
+        b.row("W1B", f"RK4 {steps} steps, forward + backward, kernel {label}",
+              f"B={runs}, n={N}", name, wall, f"{pairs / wall:.3g} pairs/s",
+              f"forward {fwd * 1e3:.1f} ms: backward {(wall - fwd) / fwd:.2f}x forward",
+              f"directional FD (eps {eps:g}) rel {rel:.1e}", TARGETS["W1B"])
+
+
 def row_e1(b: Bench) -> None:
     torch = b.torch
     n = 512 if b.quick else 10**6
@@ -487,8 +527,8 @@ def row_td(b: Bench) -> None:
               f"final states {diff:.1e} (torchdiffeq does not renormalise)", TARGETS["TD"])
 
 
-RUNNERS = {"W1": row_w1, "E1": row_e1, "H1": row_h1, "H4": row_h4, "W2": row_w2, "BW": row_bw,
-           "TD": row_td}
+RUNNERS = {"W1": row_w1, "W1B": row_w1_backward, "E1": row_e1, "H1": row_h1, "H4": row_h4,
+           "W2": row_w2, "BW": row_bw, "TD": row_td}
 
 
 def device_tests(b: Bench) -> str:

@@ -58,6 +58,8 @@ def test_gpu_script_on_cpu():
     for row in ("| floor | exp: torch.exp over an array (cpu) |  | float32 |",
                 "| floor | copy bandwidth (read + write) |", "| floor | GEMM (no TF32) | 256x256 |",
                 "| W1 | RK4 1 steps, SDPA + projection | B=2, n=200 | float64 |",
+                "| W1B | RK4 1 steps, forward + backward, kernel torch | B=2, n=200 | float64 |",
+                "| W1B | RK4 1 steps, forward + backward, kernel torch | B=2, n=200 | float32 |",
                 "| E1 | SDPA, head padded to 8 (comparison) | n=512, d=2 | float16 |",
                 "| H1 | harmonic kernel, circle, causal, beta 64 | n=4000 | float64 |",
                 "| H4 | RK4 dt=0.05 to t=0.1, harmonic, causal, beta 64 | n=300 | float64 |",
@@ -74,6 +76,18 @@ def test_gpu_script_on_cpu():
     assert "float32 >= 25 % of the exp floor" in text  # the issue's targets beside the rows
     with pytest.raises(SystemExit):
         load("gpu").main(["--device", "cpu", "--only", "W9"])
+
+
+def test_gradients_quick():
+    """benchmarks/gradients.py at tiny sizes: its rows, after its own check that simulate's
+    gradients equal the plain torch loop's to 1e-12."""
+    pytest.importorskip("torch")
+    text = load("gradients").main(["--quick"])
+    for row in ("| d=2 | B=8, n=60, d=2, causal, beta=64, 1 steps | fused |",
+                "| d=3 | B=8, n=60, d=3, causal, beta=64, 1 steps | fused |",
+                "| d=64 | B=8, n=60, d=64, causal, beta=1, 1 steps | torch |",
+                "| Adam step | B=1, n=24, d=3, full, beta=1, 4 steps | torch |"):
+        assert row in text, row
 
 
 def test_harmonic_quick():

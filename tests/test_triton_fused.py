@@ -223,3 +223,24 @@ def test_default_blocks_compile_for_sm90_without_spills():
     lines = done.stdout.split("\n")
     assert done.returncode == 0, done.stderr[-2000:]
     assert sum(line.endswith(" True") for line in lines) == 3, done.stdout
+
+
+def test_attend_or_sdpa_runs_triton_without_gradients_and_sdpa_with_them():
+    """auto.choose_tensor's kernel for CUDA heads of 2 to 16: the Triton kernel where no
+    gradient is taken (its output has no graph), SDPA where one is (gradients as the dense
+    reference's); both values equal the dense kernel's."""
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((2, 12, 3))
+    want = dense.attend(x, x, x, 1.5, "causal", bias=-0.2 * np.abs(
+        np.arange(12)[:, None] - np.arange(12)[None, :]))
+    from attnflow.kernels.options import LinearBias
+
+    t = torch.from_numpy(x).to(DEVICE)
+    out = triton_fused.attend_or_sdpa(t, t, t, 1.5, "causal", bias=LinearBias(0.2))
+    assert not out.requires_grad
+    np.testing.assert_allclose(out.cpu().numpy(), want, rtol=0, atol=TOL[np.float64])
+    leaf = t.clone().requires_grad_(True)
+    out = triton_fused.attend_or_sdpa(leaf, leaf, leaf, 1.5, "causal", bias=LinearBias(0.2))
+    assert out.requires_grad
+    np.testing.assert_allclose(out.detach().cpu().numpy(), want, rtol=0, atol=TOL[np.float64])
+    assert not triton_fused.covers(torch.zeros(2, 12, 3), 3, 3)  # a CPU tensor: not this kernel

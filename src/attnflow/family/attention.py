@@ -296,7 +296,7 @@ class SelfAttention:
         one it picks for that shape and the sublayer's options (never a harmonic one unless
         `unit_tokens`: inputs of one norm). `simulate` fixes it for a whole run, so that
         stepping shares of the runs in parallel never switches kernels. Torch tensors get a
-        kernel on their device (`auto.choose_tensor`; backend "auto" or "torch")."""
+        kernel on their device (`auto.choose_tensor`; backend "auto", or "torch": SDPA)."""
         e = max(self.head_size(Q, K, X.shape[-1]) for Q, K, *_ in self.heads)
         if is_tensor(X):
             if self.backend not in ("auto", "torch"):
@@ -304,7 +304,8 @@ class SelfAttention:
                            "are numpy's)", repr(self.backend))
             return auto.choose_tensor(X, e, bias=self.score_bias(X.shape[-2], 0),
                                       normalization=self.normalization, mask=self.mask,
-                                      beta=self.beta, memory=self.memory is not None)
+                                      beta=self.beta, memory=self.memory is not None,
+                                      backend=self.backend)
         if self.backend != "auto":
             return get_kernel(self.backend)
         q = np.broadcast_to(np.zeros((), X.dtype), (*X.shape[:-1], e))

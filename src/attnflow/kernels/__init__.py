@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 
 from attnflow._checks import fail
-from attnflow.kernels import auto, blocked, dense, fused, harmonic
+from attnflow.kernels import auto, blocked, dense, fused, fused_torch, harmonic, triton_fused
 from attnflow.kernels import torch as torch_kernel
 from attnflow.kernels.types import Kernel, Memory, Normalization
 
@@ -79,8 +79,12 @@ def kernel_name(kernel: Kernel) -> str:
     for name, registered in KERNELS.items():
         if kernel is registered:
             return name
-    if kernel is torch_kernel.attend_tensor:  # auto's choice for tensors (`auto.choose_tensor`)
+    if kernel is torch_kernel.attend_tensor:  # auto's choices for tensors (`auto.choose_tensor`)
         return "torch"
+    if kernel is fused_torch.attend_tensor:
+        return "fused"
+    if kernel is triton_fused.attend_or_sdpa:
+        return "triton (torch SDPA where gradients are taken)"
     return getattr(kernel, "__qualname__", type(kernel).__name__)
 
 

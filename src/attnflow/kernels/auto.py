@@ -9,17 +9,19 @@ circle and S^2 from about 4 tokens per harmonic feature (`harmonic.features`: 13
 circle at beta = 64, 900 on S^2 at beta = 9), where it applies (queries and keys of one norm
 each: checked per call, the blocked kernel taking the calls it refuses). For numpy arrays
 torch is never chosen automatically (it is optional; ask for backend="torch"); torch
-tensors always get a tensor kernel (`choose_tensor`).
+tensors always get a tensor kernel (`choose_tensor`: on CPU the fused kernel with its fused
+backward for small heads, else SDPA).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from attnflow._checks import fail
-from attnflow.kernels import blocked, dense, fused, harmonic
+from attnflow.kernels import blocked, dense, fused, fused_torch, harmonic, triton_fused
 from attnflow.kernels import torch as torch_kernel
 from attnflow.kernels.masks import MaskSpec
 from attnflow.kernels.options import ALL, LinearBias, check_normalization, needed
@@ -36,6 +38,11 @@ SUPPORTS = ALL  # every option: calls that need one the fast kernels lack go to 
 # 0.087 ms at 80 tokens, 0.084 vs 0.086 at 96, 0.098 vs 0.088 at 112.
 MIN_RUNS_FUSED = 8  # runs from which the fused kernel beats the others
 MAX_HEAD_FUSED = 16  # head sizes e, f up to which its unrolled loops pay
+# On CPU tensors, the fused kernel with its fused backward against SDPA with its own, one
+# causal call forward + backward, B 32, n 200, beta 64, float64, better of 1 and 2 threads
+# (benchmarks/gradients.py, 2026-12-08, AVX2, machine loaded: load 4): 0.63x at d = 2,
+# 0.72x at 3, 0.57x at 8, 2.7x at 16 (its lane tiles of 16 coordinates spill).
+MAX_HEAD_FUSED_TENSOR = 8
 # Below this many pair evaluations per call a call is too small for the fused kernel's
 # one-off compilation (seconds per head sizes and dtype, then cached on disk) to matter.
 MIN_PAIRS_FUSED = 10_000
@@ -77,14 +84,19 @@ def choose(q: np.ndarray, v: np.ndarray, bias: np.ndarray | LinearBias | None = 
 
 
 def choose_tensor(x: Any, e: int, bias: Any = None, normalization: Normalization = "softmax",
-                  mask: MaskSpec | None = None, beta: Any = None, memory: bool = False
-                  ) -> Kernel:
+                  mask: MaskSpec | None = None, beta: Any = None, memory: bool = False,
+                  backend: str = "auto") -> Kernel:
     """The kernel for torch tensor tokens x (..., n, d) with heads of size e: the one place
-    where a tensor's kernel is chosen (a tensor never goes to the numba kernels). Today
-    `attnflow.kernels.torch.attend_tensor` (SDPA on the tensor's device) for every call;
-    GPU kernels (Triton: a fused small-d kernel, the harmonic kernel on the device) plug in
-    here by device, d, n, mask and options. Raises ValueError for hardmax (beta = +-inf),
-    which runs on numpy arrays only."""
+    where a tensor's kernel is chosen. On CPU tensors `attnflow.kernels.fused_torch`'s (the
+    numba fused kernel with its fused backward) where it covers the call
+    (`fused_torch.covers`) and, as `choose` rules for numpy arrays, the batch fills its
+    tiles (MIN_RUNS_FUSED runs, MIN_PAIRS_FUSED pairs) and heads are at most
+    MAX_HEAD_FUSED_TENSOR. On CUDA tensors with heads of 2 to 16 (`triton_fused.covers`)
+    `triton_fused.attend_or_sdpa`: the Triton fused kernel for calls that take no gradient,
+    SDPA for those that do (the Triton kernel has no backward). Otherwise, and always with
+    backend "torch", `attnflow.kernels.torch.attend_tensor` (SDPA on the tensor's device).
+    Raises ValueError
+    for hardmax (beta = +-inf), which runs on numpy arrays only."""
     need = needed(bias, check_normalization(normalization), None if beta is None or not
                   isinstance(beta, (int, float)) else beta)
     missing = need - torch_kernel.TENSOR_SUPPORTS
@@ -92,6 +104,14 @@ def choose_tensor(x: Any, e: int, bias: Any = None, normalization: Normalization
         raise fail("beta" if "hardmax" in missing else "backend",
                    f"options {sorted(torch_kernel.TENSOR_SUPPORTS)} on torch tensors "
                    "(hardmax, beta = +-inf, runs on numpy arrays)", sorted(missing))
+    runs, n, d = math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1]
+    if (backend == "auto" and runs >= MIN_RUNS_FUSED and runs * n * (n + 1) // 2 >= MIN_PAIRS_FUSED
+            and max(e, d) <= MAX_HEAD_FUSED_TENSOR
+            and fused_torch.covers(x, e, d, bias, check_normalization(normalization), beta)):
+        return fused_torch.attend_tensor
+    if backend == "auto" and triton_fused.covers(x, e, d, bias,
+                                                 check_normalization(normalization), beta):
+        return triton_fused.attend_or_sdpa
     return torch_kernel.attend_tensor
 
 

@@ -60,7 +60,7 @@ from attnflow.kernels.options import check_options
 from attnflow.kernels.types import Memory, Normalization
 from attnflow.parallel import parallel_ranges
 
-__all__ = ["LANES", "SUPPORTS", "attend", "band", "row_top", "tile_runs"]
+__all__ = ["LANES", "SUPPORTS", "attend", "attend_lse", "band", "row_top", "tile_runs"]
 
 SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.options`)
 
@@ -71,6 +71,7 @@ TILE_REGISTERS = 4  # vector registers of one coordinate of a tile (see the modu
 # maximum: exp(-spread - 37) (float64) / exp(-spread - 17) (float32) must stay normal.
 SAFE_SPREAD = {np.float64: 600.0, np.float32: 60.0}
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 # Reductions need "reassoc" to vectorise; vexp keeps its own exact flags (see _vexp.py).
 FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
@@ -163,7 +164,7 @@ def _compile(e: int, f: int, biased: bool, lanes: int):
     # error_model "numpy": a row whose weights are all 0 or NaN (NaN tokens) gives NaN, as
     # in numpy, not a ZeroDivisionError
     @njit(nogil=True, fastmath=FASTMATH, cache=True, error_model="numpy")
-    def kernel(q, k, v, mem_k, mem_v, bias, top, safe, lo, hi, beta, out, acc,
+    def kernel(q, k, v, mem_k, mem_v, bias, top, safe, lo, hi, beta, out, lse, acc,
                qt, kt, vt, k_max, offset, total, tile0, tile1):
         wide_vectors()
         arrays_do_not_overlap()
@@ -242,6 +243,9 @@ def _compile(e: int, f: int, biased: bool, lanes: int):
                     for l in range(used):
                         for c in range(f):
                             out[b0 + l, i, c] = acc[c][l] / total[l]
+                    if lse.shape[0]:  # log2 sum_j 2^(s_j): total is sum_j 2^(s_j + offset)
+                        for l in range(used):
+                            lse[b0 + l, i] = np.log2(total[l]) - offset[l]
                     continue
                 total[:] = zero
                 for c in range(f):
@@ -262,6 +266,9 @@ def _compile(e: int, f: int, biased: bool, lanes: int):
                 for l in range(used):
                     for c in range(f):
                         out[b0 + l, i, c] = acc[c][l] / total[l]
+                if lse.shape[0]:
+                    for l in range(used):
+                        lse[b0 + l, i] = np.log2(total[l]) - offset[l]
 
     return kernel
 
@@ -338,6 +345,23 @@ def attend(
     q, k : (..., n, e); v : (..., n, f); leading axes broadcast. Computed in float32 when all
     inputs are float32, else float64. Returns (..., n, f).
     """
+    return _attend(q, k, v, beta, mask, memory, bias, normalization, False)[0]
+
+
+def attend_lse(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpec,
+               memory: Memory | None = None, bias: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """`attend` (softmax) and each row's log-sum-exp of its scores, log sum_j exp(s_ij)
+    (..., n), in the output's dtype: what a backward pass needs to recompute the weights
+    p_ij = exp(s_ij - lse_i) in one pass (`attnflow.kernels.fused_backward`)."""
+    out, lse = _attend(q, k, v, beta, mask, memory, bias, "softmax", True)
+    return out, lse * lse.dtype.type(LN2)
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, beta: float, mask: MaskSpec,
+            memory: Memory | None, bias: np.ndarray | None, normalization: Normalization,
+            with_lse: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """`attend`, and with `with_lse` each row's log-sum-exp in base 2 (..., n)."""
     n, e, f = q.shape[-2], q.shape[-1], v.shape[-1]
     plain = (bias is None and isinstance(normalization, str) and normalization == "softmax"
              and math.isfinite(beta))
@@ -361,11 +385,12 @@ def attend(
     else:
         lo, hi, bias, top, mem_k, mem_v, biased = _rows(mask, n, e, f, dtype, memory, bias)
     out = np.empty((runs, n, f), dtype)
+    lse = np.empty((runs, n) if with_lse else (0, 0), dtype)
     if runs and n:
         lanes = tile_runs(dtype, runs)
         kernel = _compile(e, f, biased, lanes)
         args = (runs_first(q, e), runs_first(k, e), runs_first(v, f), mem_k, mem_v, bias, top,
-                SAFE_SPREAD[dtype.type] * LOG2E, lo, hi, dtype.type(beta * LOG2E), out)
+                SAFE_SPREAD[dtype.type] * LOG2E, lo, hi, dtype.type(beta * LOG2E), out, lse)
         tiles = -(-runs // lanes)
 
         def run(t0: int, t1: int) -> None:
@@ -373,4 +398,4 @@ def attend(
 
         parallel_ranges(run, tiles,
                         cost=tiles * lanes * n * bias.shape[1] * (e + f + 8))
-    return out.reshape(*lead, n, f)
+    return out.reshape(*lead, n, f), lse.reshape(*lead, n) if with_lse else None

@@ -33,10 +33,14 @@ from attnflow._checks import describe, fail
 from attnflow.kernels.masks import MaskSpec, check_mask
 from attnflow.kernels.types import Memory
 
-__all__ = ["available", "attend_tensor"]
+__all__ = ["MIN_HEAD", "MAX_HEAD_CHOSEN", "attend_or_sdpa", "available", "attend_tensor",
+           "covers"]
 
 LOG2E = 1.4426950408889634
 MAX_HEAD = 64  # beyond this the column-by-column scores lose to a matrix unit (SDPA)
+# Head sizes `attnflow.kernels.auto.choose_tensor` gives to this kernel on CUDA (below 2 and
+# above 16 SDPA, padded to 8 columns, keeps them).
+MIN_HEAD, MAX_HEAD_CHOSEN = 2, 16
 
 
 def available() -> bool:
@@ -130,6 +134,54 @@ def attend_tensor(q: Any, k: Any, v: Any, beta: float, mask: MaskSpec,
             MASK=code, HAS_BIAS=bias_t is not None, PROJECT=tangent is not None,
             E=e, F=f, FP=_next_power_of_2(f), BLOCK_M=bm, BLOCK_N=bn, num_warps=num_warps)
     return out.reshape(*lead, n, f)
+
+
+def covers(x: Any, e: int, f: int, bias: Any = None, normalization: Any = "softmax",
+           beta: Any = None) -> bool:
+    """Whether `attend_or_sdpa` may run calls on tokens like x (..., n, d) with heads of
+    sizes e, f, this score bias (None, an array, or a LinearBias of a number) and canonical
+    normalization on the Triton kernel: CUDA float32/float64 tokens, MIN_HEAD <= e, f <=
+    MAX_HEAD_CHOSEN, softmax at a finite beta of either kind, and triton importable."""
+    import torch
+
+    from attnflow.kernels.options import LinearBias
+
+    if isinstance(bias, LinearBias):
+        bias = bias.slope
+    return (x.device.type == "cuda" and x.dtype in (torch.float32, torch.float64)
+            and MIN_HEAD <= min(e, f) and max(e, f) <= MAX_HEAD_CHOSEN
+            and normalization == "softmax" and not isinstance(bias, torch.Tensor)
+            and (isinstance(beta, torch.Tensor) or beta is None or math.isfinite(beta))
+            and available())
+
+
+def attend_or_sdpa(q: Any, k: Any, v: Any, beta: Any, mask: MaskSpec,
+                   memory: Memory | None = None, bias: Any = None,
+                   normalization: Any = "softmax") -> Any:
+    """The `Kernel` contract of `attnflow.kernels.torch.attend_tensor` on the tensors' device:
+    the Triton kernel (`attend_tensor`) for calls that take no gradient (grad mode off, or no
+    input requiring one), torch's SDPA (`attnflow.kernels.torch.attend_tensor`, with its
+    backward) for those that do, and for tensors of torch.func transforms or forward-mode AD:
+    this kernel has no backward. What
+    `attnflow.kernels.auto.choose_tensor` gives CUDA tokens with heads of 2 to 16."""
+    import torch
+
+    from attnflow.kernels import torch as torch_kernel
+    from attnflow.kernels.fused_torch import plain_tensors
+    from attnflow.kernels.options import LinearBias
+
+    inputs = (q, k, v, beta, *(memory or ()))
+    grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in inputs)
+    if (grad or not plain_tensors(*inputs) or normalization != "softmax"
+            or isinstance(bias, torch.Tensor)
+            or (isinstance(bias, LinearBias) and isinstance(bias.slope, torch.Tensor))):
+        return torch_kernel.attend_tensor(q, k, v, beta, mask, memory, bias, normalization)
+    if isinstance(bias, LinearBias):
+        bias = bias.matrix(q.shape[-2])
+    if isinstance(beta, torch.Tensor):
+        beta = float(beta)
+    return attend_tensor(q, k, v, beta, mask, memory, bias)
 
 
 def _blocks(n: int, e: int, f: int, dtype: Any, plain: bool, cuda: bool, block_m: int | None,
