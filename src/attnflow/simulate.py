@@ -21,7 +21,7 @@ from attnflow._array import (
     tensors_of,
     to_numpy,
 )
-from attnflow._checks import describe, fail, number, positive
+from attnflow._checks import describe, fail, integer, number, positive
 from attnflow._progress import progress_bar
 from attnflow.brownian import BrownianPath
 from attnflow.budget import CHUNK_BYTES, Cost, check_budget, run_cost
@@ -484,9 +484,7 @@ def check_seed(seed: Any) -> int | None:
     """A seed: None or a non-negative int (numpy integers accepted, returned as int)."""
     if seed is None:
         return None
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise fail("seed", "a non-negative int or None", repr(seed))
-    return int(seed)
+    return integer("seed", seed, 0, expected="a non-negative int or None")
 
 
 def _refinement_level(dt: float, brownian_dt: Any) -> int:

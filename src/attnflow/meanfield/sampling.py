@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._checks import as_generator, fail
+from attnflow._checks import as_generator, fail, integer
 from attnflow.analysis.kinetic import inverse_cdf
 from attnflow.meanfield.initial import DEFAULT_TAIL
 from attnflow.meanfield.result import MeanFieldResult
@@ -118,6 +118,4 @@ def sample(source: Any, n: int, *, t: float | None = None, method: str = "iid",
 
 
 def _count(n: Any) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise fail("n", "an integer number of tokens >= 1", repr(n))
-    return int(n)
+    return integer("n", n, 1, expected="an integer number of tokens >= 1")

@@ -15,13 +15,14 @@ from typing import Any
 
 import xarray as xr
 
-from attnflow._checks import fail
+from attnflow._checks import fail, integer
 from attnflow._progress import progress_bar
 from attnflow.sweeps.spec import SweepSpec, parse_spec
 from attnflow.sweeps.store import open_store, pending, write
 from attnflow.sweeps.tasks import Task, TaskResult, message, plan, run_task
 
 UNTRIM = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
+WORKERS_PER_CPU = 4  # the most worker processes a local cluster starts, per CPU
 
 
 class SweepIncompleteError(RuntimeError):
@@ -53,8 +54,10 @@ def _check_scheduler(scheduler: Any, workers: int | None, dashboard: str | None,
     if not own_cluster and (workers is not None or dashboard is not None):
         raise fail("workers/dashboard", "None unless sweep starts its own local cluster "
                    "(scheduler=None)", f"workers={workers}, dashboard={dashboard}")
-    if workers is not None and (not isinstance(workers, int) or workers < 1):
-        raise fail("workers", "an integer >= 1", repr(workers))
+    if workers is not None:
+        cpus = len(os.sched_getaffinity(0))
+        integer("workers", workers, 1, WORKERS_PER_CPU * cpus, expected="a number of worker "
+                f"processes in [1, {WORKERS_PER_CPU * cpus}] ({WORKERS_PER_CPU} per CPU here)")
     if security is not None:
         from distributed.security import Security
 
