@@ -179,7 +179,8 @@ def _check_size(K: int, S: int, d: int) -> None:
         nbytes = 32 * (G + 1) * ((3 * G + 4) // 2 + S)
     else:
         nbytes = 32 * S * max(8 * K, 256)
-    check_allocation("modes", nbytes, f"K = {K} modes for {S} label(s) on S^{d - 1}")
+    check_allocation("modes, labels", nbytes, f"K = {K} modes for {S} label(s) on "
+                     f"S^{d - 1}")
 
 
 def _modes(modes: Any) -> int:

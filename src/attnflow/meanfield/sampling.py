@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._checks import as_generator, fail, integer
+from attnflow._memory import check_allocation
 from attnflow.analysis.kinetic import inverse_cdf
 from attnflow.meanfield.initial import DEFAULT_TAIL
 from attnflow.meanfield.result import MeanFieldResult
@@ -118,4 +119,8 @@ def sample(source: Any, n: int, *, t: float | None = None, method: str = "iid",
 
 
 def _count(n: Any) -> int:
-    return integer("n", n, 1, expected="an integer number of tokens >= 1")
+    """n tokens, >= 1, whose labels, angles and (n, 2) float64 tokens (eight numbers a token
+    at the peak) fit in memory."""
+    n = integer("n", n, 1, expected="an integer number of tokens >= 1")
+    check_allocation("n", 64 * n, f"{n} tokens (labels, angles and (n, 2) float64 tokens)")
+    return n
