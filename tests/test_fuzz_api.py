@@ -300,3 +300,226 @@ def test_implicit_blow_up_is_a_non_finite_state_error(method):
     with pytest.raises(af.NonFiniteStateError, match=r"non-finite at t = "), \
             np.errstate(all="ignore"):
         af.simulate(huge, X, 1.0, method=method)
+
+
+# ---------------------------------------------------------------------------- generated
+# Every integer, size and shape argument of the API, given values of the wrong kind, below its
+# range and (for sizes) beyond any memory: a ValueError of one line naming the argument.
+# (call taking the value, the argument named, whether a huge value is bad: sizes are, seeds
+# are not). The checks: attnflow._checks.integer, attnflow._memory.check_allocation.
+TRAJ = af.simulate(MODEL, X, 0.1)
+DENSITY = af.meanfield.from_function(lambda th: 1.0 + 0.5 * np.cos(th), modes=8)
+
+
+def _flat(th):
+    return 1.0 + 0.0 * th
+
+
+INTEGER_ARGS: list[tuple[str, Callable[[object], object], str, bool]] = [
+    ("uniform n", lambda v: uniform(v, 2, 0), "shape", True),
+    ("uniform batch", lambda v: uniform((v, 3), 2, 0), "shape", True),
+    ("uniform d", lambda v: uniform(3, v, 0), "d", True),
+    ("simulate seed", lambda v: af.simulate(MODEL, X, 0.1, seed=v), "seed", False),
+    ("simulate noise seed", lambda v: af.simulate(MODEL, X, 0.1, method="euler", noise=0.1,
+                                                  seed=v), "seed", False),
+    ("window", lambda v: af.Attention(mask=("window", v)), "mask", True),
+    ("preset d", lambda v: matrix_from_spec("gaussian", v, "V"), "d", True),
+    ("preset seed", lambda v: matrix_from_spec(f"gaussian:{v}", 2, "V"), "V", False),
+    ("mlp width", lambda v: af.family.MLP.random(2, v), "width", True),
+    ("log_times num", lambda v: af.log_times(1.0, v), "num", True),
+    ("from_function modes", lambda v: af.meanfield.from_function(_flat, modes=v), "modes",
+     True),
+    ("from_function modes S^2", lambda v: af.meanfield.from_function(
+        lambda x: 1.0 + 0.0 * x[..., 0], modes=v, d=3), "modes", True),
+    ("from_function modes S^4", lambda v: af.meanfield.from_function(_flat, modes=v, d=5),
+     "modes", True),
+    ("from_function labels", lambda v: af.meanfield.from_function(
+        lambda s, th: 1.0 + 0.0 * s * th, modes=8, labels=v), "labels", True),
+    ("from_function d", lambda v: af.meanfield.from_function(_flat, modes=8, d=v), "d", False),
+    ("from_tokens modes", lambda v: af.meanfield.from_tokens(X, v, 0.3), "modes", True),
+    ("sample n", lambda v: af.meanfield.sample(DENSITY, v), "n", True),
+    ("solve refine_to", lambda v: af.meanfield.solve(af.Attention(beta=1.0, mask="full"),
+                                                     DENSITY, 0.1, refine_to=v),
+     "refine_to", True),
+    ("animate frames", lambda v: af.plot.animate(TRAJ, "m.gif", frames=v), "frames", True),
+    ("animate size", lambda v: af.plot.animate(TRAJ, "m.gif", size=v), "size", True),
+    ("pack run", lambda v: pack(TRAJ, run=v), "run", True),
+    ("sweep workers", lambda v: af.sweep(GRID, workers=v), "workers", True),
+    ("sweep seeds", lambda v: parse_spec({"grid": {**GRID, "seeds": v}}), "grid.seeds", True),
+    ("checkpoint", lambda v: af.simulate(MODEL, _tensor(X), 0.1, checkpoint=v), "checkpoint",
+     False),
+]
+BAD_INTEGERS = {"text": "abc", "float": 2.5, "integral float": 3.0, "bool": True,
+                "negative": -1, "numpy float": np.float64(3.0)}
+HUGE_INTEGERS = {"2**63": 2**63, "10**30": 10**30}
+
+
+def _tensor(a):
+    import torch
+
+    return torch.as_tensor(a)
+
+
+def _integer_cases():
+    for label, call, name, size in INTEGER_ARGS:
+        bad = {**BAD_INTEGERS, **(HUGE_INTEGERS if size else {})}
+        for kind, value in bad.items():
+            yield pytest.param(lambda call=call, value=value: call(value), name,
+                               id=f"{label} {kind}")
+
+
+@pytest.mark.timeout(60, func_only=True)
+@pytest.mark.parametrize("call, name", list(_integer_cases()))
+def test_generated_bad_integers_name_the_argument(call, name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    pytest.importorskip("torch")
+    test_bad_input_is_a_value_error_naming_the_argument(call, name)
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_the_integer_generator_covers_sizes_and_seeds():
+    assert len(INTEGER_ARGS) >= 20
+    assert {size for *_, size in INTEGER_ARGS} == {True, False}
+
+
+# Tensors: every tensor slot of a run (tokens, each matrix, memory, beta, the device) given
+# a tensor of each kind that no kernel runs (no storage, an unaccepted dtype): one line naming
+# the slot. Tokens are float32 or float64, as arrays (numba) and as tensors.
+def _tensor_cases():
+    torch = pytest.importorskip("torch")
+    x = torch.as_tensor(X)
+    kinds = {"meta": lambda t: t.to("meta"), "int64": lambda t: t.to(torch.int64),
+             "complex": lambda t: t.to(torch.complex128)}
+    tokens = {**kinds, "bfloat16": lambda t: t.to(torch.bfloat16),
+              "float16": lambda t: t.to(torch.float16)}
+    eye = torch.eye(2, dtype=torch.float64)
+    slots = {"x0": (tokens, lambda v: af.simulate(MODEL, v, 0.1, dt=0.05), x),
+             "Q": (kinds, lambda v: af.Attention(Q=v), eye),
+             "K": (kinds, lambda v: af.Attention(K=v), eye),
+             "V": (kinds, lambda v: af.Attention(V=v), eye),
+             "memory points": (kinds, lambda v: af.Attention(memory=(v, np.ones(1))), eye[:1]),
+             "memory weights": (kinds, lambda v: af.Attention(memory=(np.eye(2)[:1], v)),
+                                torch.ones(1, dtype=torch.float64)),
+             "beta": (kinds, lambda v: af.Attention(beta=v), torch.tensor(1.0,
+                                                                          dtype=torch.float64))}
+    for slot, (bad, call, good) in slots.items():
+        for kind, make in bad.items():
+            yield pytest.param(lambda call=call, make=make, good=good: call(make(good)), slot,
+                               id=f"{slot} {kind}")
+    yield pytest.param(lambda: af.simulate(MODEL, X.astype(np.float16), 0.1), "x0",
+                       id="x0 numpy float16")  # (numba has no float16)
+    for device in ("meta", "cuda:7", "xpu", "tpu", "nonsense", 3.5):
+        yield pytest.param(lambda device=device: af.simulate(MODEL, X, 0.1, device=device),
+                           "device", id=f"device {device}")
+
+
+@pytest.mark.parametrize("call, name", list(_tensor_cases()))
+def test_tensors_no_kernel_runs_are_refused_naming_the_slot(call, name):
+    test_bad_input_is_a_value_error_naming_the_argument(call, name)
+
+
+def test_the_token_dtype_message_lists_what_runs():
+    torch = pytest.importorskip("torch")
+    for dtype in (torch.int64, torch.bfloat16):
+        with pytest.raises(ValueError, match=r"x0: expected float32 or float64 tokens"):
+            af.simulate(MODEL, torch.as_tensor(X).to(dtype), 0.1)
+    for dtype in (torch.float32, torch.float64):  # and what it lists runs
+        run = af.simulate(MODEL, torch.as_tensor(X).to(dtype), 0.1)
+        assert run.states.dtype == dtype and bool(torch.isfinite(run.states).all())
+
+
+def test_an_expanded_tensor_is_refused_by_the_budget_before_its_values_are_read():
+    """10^8 tokens that hold 2 numbers: the same refusal as numpy's, at once (checking the
+    values first costs isfinite over 2 x 10^8 entries: 1.7 s on a quiet 2-core machine,
+    about 14 s under load)."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    x = torch.tensor([[1.0, 0.0]], dtype=torch.float64).expand(10**8, 2)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^memory_budget: expected a run within .* 101 save "
+                       r"times x 1 run\(s\) x 100000000 tokens x d = 2 \(float64\)"):
+        af.simulate(MODEL, x, 1.0, save_at=np.linspace(0, 1, 101), memory_budget=1e9)
+    assert time.perf_counter() - start < 5
+
+
+def test_a_tensor_run_is_estimated_like_the_numpy_run():
+    """The kept states are the same bytes (101 save times x n x d x 8); the working memory a
+    formula (4 states per head, `budget.TENSOR_FIELD_STATES`), not measured."""
+    torch = pytest.importorskip("torch")
+    from attnflow.budget import STAGES, TENSOR_FIELD_STATES
+
+    times = np.linspace(0, 1, 11)
+    x = uniform((3, 50), 2, 0)
+    cpu = af.estimate_run(MODEL, x, 1.0, save_at=times)
+    tensor = af.estimate_run(MODEL, torch.as_tensor(x), 1.0, save_at=times)
+    state = 3 * 50 * 2 * 8
+    assert cpu.kept == tensor.kept == 11 * state and cpu.file == tensor.file
+    chunk = 11  # every save time in one chunk (budget.CHUNK_BYTES)
+    assert tensor.working == state * (1 + STAGES["rk4"] + chunk + 1 + TENSOR_FIELD_STATES)
+
+
+def test_cuda_tensors_are_budgeted_against_the_device_free_memory(monkeypatch):
+    """The rule for CUDA tensors with a stubbed free-memory figure (no CUDA here): the default
+    budget is 80% of torch.cuda.mem_get_info's free bytes of that device."""
+    from attnflow import _memory
+    from attnflow.budget import Cost, check_budget
+
+    asked = []
+    monkeypatch.setattr(_memory, "_cuda_free", lambda device: asked.append(device) or 10**9)
+    fits = Cost(memory=int(0.79e9), kept=0, working=int(0.79e9), file=0, save_times=2)
+    check_budget(fits, None, 1, 10, 2, "torch.float32", device="cuda:1")
+    over = Cost(memory=int(0.81e9), kept=0, working=int(0.81e9), file=0, save_times=2)
+    with pytest.raises(ValueError, match=r"^memory_budget: expected a run within 800 MB \(80% "
+                       r"of the memory free on cuda:1 now, the default.*\(float32\)"):
+        check_budget(over, None, 1, 10, 2, "torch.float32", device="cuda:1")
+    assert asked == ["cuda:1", "cuda:1"]
+    check_budget(over, None, 1, 10, 2, "float64")  # the host's memory for numpy runs
+
+
+@pytest.mark.parametrize("tensor_run", [False, True])
+@pytest.mark.parametrize("mask", ["causal", "window", "random"])
+def test_a_torch_boolean_mask_runs_as_its_numpy_twin(mask, tensor_run):
+    torch = pytest.importorskip("torch")
+    n = 5
+    allowed = {"causal": np.tril(np.ones((n, n), bool)),
+               "window": np.tril(np.ones((n, n), bool)) & ~np.tril(np.ones((n, n), bool), -2),
+               "random": np.random.default_rng(0).random((n, n)) < 0.6
+               }[mask] | np.eye(n, dtype=bool)
+    x0 = torch.as_tensor(X) if tensor_run else X
+    twin = af.simulate(af.Attention(beta=2.0, mask=allowed), x0, 0.5)
+    run = af.simulate(af.Attention(beta=2.0, mask=torch.as_tensor(allowed)), x0, 0.5)
+    assert np.array_equal(af._array.to_numpy(run.states), af._array.to_numpy(twin.states))
+    if mask == "causal":  # and the causal mask's own run, by name
+        named = af.simulate(af.Attention(beta=2.0, mask="causal"), x0, 0.5)
+        np.testing.assert_allclose(af._array.to_numpy(run.states),
+                                   af._array.to_numpy(named.states), atol=1e-12)
+
+
+def test_a_torch_mask_of_other_kinds_is_refused():
+    torch = pytest.importorskip("torch")
+    for bad in (torch.ones(3, 3), torch.ones(3, 4, dtype=torch.bool),
+                torch.ones(3, 3, dtype=torch.bool, device="meta")):
+        with pytest.raises(ValueError, match=r"^mask: expected .*, received "):
+            af.Attention(mask=bad)
+
+
+# Movies: fps that a frame delay can hold (GIF: 2 to 65535 centiseconds; MP4: <= 240).
+@pytest.mark.parametrize("fps, suffix", [(1e308, ".gif"), (51.0, ".gif"), (1e-3, ".gif"),
+                                         (0.0, ".gif"), (float("nan"), ".gif"),
+                                         (float("inf"), ".mp4"), (241.0, ".mp4"),
+                                         ("12", ".gif"), (True, ".gif")])
+def test_fps_no_frame_delay_holds_is_refused(fps, suffix, tmp_path):
+    with pytest.raises(ValueError, match=r"^fps: expected frames per second in \[0.001526, "):
+        af.plot.animate(TRAJ, tmp_path / f"m{suffix}", fps=fps, frames=2, size=64)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("fps", [50.0, 12.0, 100 / 65535])
+def test_a_gif_holds_the_delay_of_its_fps(fps, tmp_path):
+    from PIL import Image
+
+    path = af.plot.animate(TRAJ, tmp_path / "m.gif", fps=fps, frames=2, size=64)
+    with Image.open(path) as gif:
+        delay_ms = gif.info["duration"]  # read back from the file (centiseconds x 10)
+    assert delay_ms == 10 * round(100 / fps)

@@ -302,3 +302,72 @@ def test_the_entry_point_prints_one_line_without_traceback(tmp_path):
     assert proc.stderr == "error: --cluster-tol: expected a geodesic radius in [0, pi], " \
         "received 4.0\n"
     assert not any(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------------------- generated
+# Every integer and float option of every command (read from the commands typer builds), each
+# given values of the wrong kind, out of range or beyond any size: exit 2 and one line naming
+# the option. A base command line per command reaches the option's check.
+BASES = {"simulate": [*SIM, "--out", "{out}/r.nc"], "plot": ["plot", RUN, "--out", "{out}/p.png"],
+         "animate": ["animate", RUN, "--out", "{out}/m.gif"],
+         "explore": ["explore", RUN, "--out", "{out}/p.html"],
+         "sweep": ["sweep", "{in}/spec.toml", "--out", "{out}/s.zarr"],
+         "reproduce": ["reproduce", "fig2", "--out", "{out}/r"],
+         "spectra": ["spectra", "{in}/model", "--out", "{out}/spectra"]}
+HUGE = [str(2**63), "9" * 30]
+# Values that are legal for an option (beta = +-inf is hardmax; an infinite budget is none;
+# any non-negative seed is numpy's).
+LEGAL = {"--beta": {"inf", "-inf", "1e400"}, "--memory-budget": {"inf", "1e400"}}
+
+
+def _number_options() -> list[tuple[str, str, type]]:
+    import typer
+
+    command = typer.main.get_command(app)
+    found = []
+    for name, cmd in command.commands.items():
+        for param in cmd.params:
+            kind = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+            if kind in (int, float) and param.opts[0].startswith("--"):
+                found.append((name, param.opts[0], kind))
+    return found
+
+
+def _generated() -> list[tuple[str, list[str], str]]:
+    cases = []
+    for command, option, kind in _number_options():
+        values = ["abc", ""]
+        if kind is int:
+            values += ["1.5", "-1", *([] if "seed" in option else HUGE)]
+        else:
+            values += ["nan", "inf", "-inf", "1e400"]
+        for value in values:
+            if value not in LEGAL.get(option, ()):
+                cases.append((f"{command} {option} {value!r}", [*BASES[command], option, value],
+                              option))
+    # integers inside text options: counts and widths (sizes), seeds (any size is legal)
+    for option, form, size in (("--save-at", "log:{}", True),
+                               ("--save-at", "linspace:0:0.1:{}", True),
+                               ("--mlp", "gelu:{}", True), ("--mask", "window:{}", True),
+                               ("--mlp", "swiglu:4:{}", False), ("--Q", "gaussian:{}", False),
+                               ("--V", "orth:1,2:{}", False)):
+        for value in ("-1", "abc", *(HUGE if size else [])):
+            cases.append((f"simulate {option} {form.format(value)}",
+                          [*BASES["simulate"], option, form.format(value)], option))
+    return cases
+
+
+GENERATED = _generated()
+
+
+def test_the_generator_covers_every_number_option():
+    options = {(c, o) for c, o, _ in _number_options()}
+    assert len(options) >= 20
+    assert all(any(args[:1] == [c] and o in args for _, args, _ in GENERATED)
+               for c, o in options)
+
+
+@pytest.mark.parametrize("args, named", [pytest.param(a, n, id=i) for i, a, n in GENERATED])
+def test_generated_bad_numbers_end_in_one_line_naming_the_option(args, named, inputs,
+                                                                 tmp_path):
+    _check(args, named, inputs, tmp_path)

@@ -119,3 +119,33 @@ def test_security_only_with_an_address():
         sweep(GRID, scheduler="serial", security=Security.temporary())
     with pytest.raises(ValueError, match=r"^security: expected a distributed.security.Sec"):
         sweep(GRID, scheduler="tls://127.0.0.1:1", security="ca.pem")
+
+
+# Routes of Dask's default HTTP servers beyond /health: the logs, the workers' page, the
+# identity, the call stacks, the event stream, the metrics and the static files.
+NOT_SERVED = ("/info/main/logs.html", "/info/main/workers.html", "/json/identity.json",
+              "/info/call-stacks/x", "/eventstream", "/metrics", "/statics/")
+
+
+def _status(port: int, path: str) -> int:
+    """The HTTP status of GET http://127.0.0.1:port/path (over loopback only)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+            return reply.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_without_a_dashboard_the_http_ports_serve_health_only(cluster):
+    with Client(cluster.scheduler_address, security=cluster.security, timeout="10s",
+                set_as_default=False) as client:
+        workers = client.run(lambda dask_worker: dask_worker.http_server.port)
+    ports = [cluster.scheduler.http_server.port, *workers.values()]
+    assert len(ports) == 2
+    for port in ports:
+        assert _status(port, "/health") == 200
+        assert {path: _status(port, path) for path in NOT_SERVED} == dict.fromkeys(
+            NOT_SERVED, 404)

@@ -22,9 +22,16 @@ import numpy as np
 
 from attnflow._checks import describe, fail, finite_array
 
-__all__ = ["arange", "check_parameter", "check_tokens", "device_of", "dtype_name", "erf",
-           "is_tensor", "like", "moved", "namespace", "on_device", "scalar", "sinc",
-           "tensor_scalar", "tensors_of", "to_numpy"]
+__all__ = ["TOKEN_DTYPES", "arange", "check_parameter", "check_storage", "check_tokens",
+           "device_of", "dtype_name", "erf", "is_tensor", "like", "moved", "namespace",
+           "on_device", "scalar", "sinc", "tensor_scalar", "tensors_of", "to_numpy"]
+
+# The dtypes tokens may have, arrays and tensors alike (integer arrays become float64): the
+# numba kernels and the Triton kernels compute in these, the sphere's tolerance
+# (`manifolds.sphere_tolerance`) is a few ulps of them, and saved runs hold them.
+TOKEN_DTYPES = ("float32", "float64")
+_TOKENS_EXPECTED = ("float32 or float64 tokens (float16 and bfloat16 are refused: cast with "
+                    ".float() or .astype(np.float32))")
 
 
 _TENSOR: Any = None  # torch.Tensor, once torch has been imported
@@ -154,6 +161,7 @@ def check_parameter(name: str, a: Any, ndim: int | None = None, dtype: Any = Non
     if not is_tensor(a):
         arr = finite_array(name, a, ndim=ndim, dtype=dtype)
         return arr if arr.dtype.kind == "f" else arr.astype(float)
+    check_storage(name, a)
     if not a.is_floating_point():
         raise fail(name, "a floating-point tensor", f"a tensor of dtype {a.dtype}")
     if ndim is not None and a.ndim != ndim:
@@ -173,10 +181,14 @@ def check_tokens(name: str, X: Any, min_ndim: int = 2) -> Any:
     an array through `finite_array` (floats)."""
     if not is_tensor(X):
         X = finite_array(name, X, min_ndim=min_ndim)
-        return X if np.issubdtype(X.dtype, np.floating) else X.astype(float)
-    if not X.is_floating_point():
-        raise fail(name, "a floating-point tensor (float32 or float64)",
-                   f"a tensor of dtype {X.dtype}")
+        if not np.issubdtype(X.dtype, np.floating):
+            return X.astype(float)
+        if X.dtype.name not in TOKEN_DTYPES:
+            raise fail(name, _TOKENS_EXPECTED, f"an array of dtype {X.dtype}")
+        return X
+    check_storage(name, X)
+    if dtype_name(X) not in TOKEN_DTYPES:
+        raise fail(name, _TOKENS_EXPECTED, f"a tensor of dtype {X.dtype}")
     if X.ndim < min_ndim:
         raise fail(name, f"an array with at least {min_ndim} dimensions",
                    f"a tensor of shape {tuple(X.shape)}")
@@ -194,12 +206,44 @@ def tensor_scalar(name: str, value: Any, low: float = -math.inf, low_open: bool 
                   expected: str = "a finite number") -> Any:
     """A 0-d floating tensor checked like `_checks.number` (kept as a tensor: a parameter
     that gradients reach)."""
+    check_storage(name, value)
     if not value.is_floating_point() or value.ndim != 0:
         raise fail(name, expected + " (a 0-d floating tensor)", describe(value))
     v = float(value.detach().cpu())
     if not math.isfinite(v) or v < low or (low_open and v == low):
         raise fail(name, expected, repr(v))
     return value
+
+
+def check_storage(name: str, a: Any) -> Any:
+    """A tensor that holds values: tensors on the "meta" device (shapes without storage)
+    are refused, naming the argument. Returns `a`."""
+    if a.is_meta:
+        raise fail(name, "a tensor that holds values (on 'cpu' or a CUDA device; 'meta' "
+                   "tensors have shapes only)", describe(a))
+    return a
+
+
+def _reachable(torch: Any, device: Any) -> Any:
+    """The torch device named by `device`, where this torch can allocate (ValueError
+    otherwise: an unknown name, "meta", a CUDA device without CUDA or past the count)."""
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise fail("device", "a torch device ('cpu', 'cuda', 'cuda:1', ...) or None",
+                   repr(device)) from None
+    if target.type == "meta":
+        raise fail("device", "a device whose tensors hold values ('cpu', 'cuda', ...; "
+                   "'meta' tensors have shapes only)", repr(device))
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise fail("device", "a device this torch can reach ('cpu' here: this torch has "
+                   "no CUDA device, or was built without CUDA)", repr(device))
+    try:
+        torch.empty(0, device=target)
+    except (RuntimeError, AssertionError) as err:  # no such backend, index past the count
+        raise fail("device", "a device this torch can reach",
+                   f"{device!r} ({' '.join(str(err).split())[:120]})") from None
+    return target
 
 
 def on_device(x0: Any, device: Any, params: list[Any]) -> Any:
@@ -215,14 +259,7 @@ def on_device(x0: Any, device: Any, params: list[Any]) -> Any:
         raise fail("device", "None without torch (pip install attnflow[torch])",
                    repr(device)) from None
     if device is not None:
-        try:
-            target = torch.device(device)
-        except (RuntimeError, TypeError):
-            raise fail("device", "a torch device ('cpu', 'cuda', 'cuda:1', ...) or None",
-                       repr(device)) from None
-        if target.type == "cuda" and not torch.cuda.is_available():
-            raise fail("device", "a device this torch can reach ('cpu' here: this torch has "
-                       "no CUDA device, or was built without CUDA)", repr(device))
+        target = _reachable(torch, device)
     else:
         target = x0.device if is_tensor(x0) else params[0].device
     if not is_tensor(x0):

@@ -98,6 +98,25 @@ def inverse_temperature(name: str, value: Any) -> float:
     return number(name, value, expected=expected)
 
 
+def integer(name: str, value: Any, low: int | None = None, high: int | None = None,
+            expected: str | None = None) -> int:
+    """An int in [low, high] (either bound may be None: unbounded), returned as a Python
+    int. Python and numpy integers only: booleans, floats (even 3.0), strings and anything
+    else are refused, as is a value out of range. `expected` words the error (default "an
+    integer >= low", "an integer in [low, high]", ...)."""
+    if expected is None:
+        expected = ("an integer" if low is None and high is None else
+                    f"an integer >= {low}" if high is None else
+                    f"an integer <= {high}" if low is None else
+                    f"an integer in [{low}, {high}]")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise fail(name, expected, repr(value))
+    v = int(value)
+    if (low is not None and v < low) or (high is not None and v > high):
+        raise fail(name, expected, repr(v))
+    return v
+
+
 def nonnegative(name: str, value: Any) -> float:
     """A finite float >= 0."""
     return number(name, value, 0.0)

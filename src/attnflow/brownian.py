@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnflow._checks import fail
+from attnflow._checks import integer
 from attnflow.parallel import parallel_ranges
 
 __all__ = ["BrownianPath", "RUN_BLOCK"]
@@ -39,9 +39,8 @@ class BrownianPath:
     """
 
     def __init__(self, seed: int, runs: int, shape: tuple[int, ...], dt0: float) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise fail("seed", "a non-negative int (the key of the Brownian path)", repr(seed))
-        self.seed = int(seed)
+        self.seed = integer("seed", seed, 0,
+                            expected="a non-negative int (the key of the Brownian path)")
         self.runs = runs
         self.shape = tuple(shape)
         self.dt0 = float(dt0)

@@ -18,24 +18,33 @@ Not counted: a process's first run loads compiled code (numba's, about 20 MB, on
 file holds the kept states (and summaries) uncompressed. The default budget is
 `BUDGET_FRACTION` of the memory available when the run starts (psutil where installed,
 else the free pages os.sysconf reports).
+
+Torch tensors are estimated the same way, with two differences: torch's allocator is not
+Python's, so a field evaluation is not measured but counted as `TENSOR_FIELD_STATES` states
+per head (queries, keys, values and output), a lower bound (the n x (n + m) float mask that
+SDPA holds for a score bias, memory or a mask array is not counted, nor is the autograd
+graph of a differentiated run, which `checkpoint=` bounds); and the default budget is
+`BUDGET_FRACTION` of the memory free on the tensors' device (`torch.cuda.mem_get_info` on
+CUDA, the host's available memory otherwise).
 """
 
 from __future__ import annotations
 
-import os
 import tracemalloc
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from attnflow._array import is_tensor
 from attnflow._checks import fail
+from attnflow._memory import BUDGET_FRACTION, available_memory, device_memory
+from attnflow._memory import size_text as _size
 
 __all__ = ["BUDGET_FRACTION", "CHUNK_BYTES", "EVALS", "PROBE", "PROBE_QUADRATIC", "STAGES",
-           "Cost", "available_memory", "check_budget", "check_graph_budget", "graph_cost",
-           "run_cost"]
+           "TENSOR_FIELD_STATES", "Cost", "available_memory", "check_budget",
+           "check_graph_budget", "graph_cost", "run_cost"]
 
-BUDGET_FRACTION = 0.8  # of the available memory: the default budget
 CHUNK_BYTES = 64 << 20  # states a fixed-step method returns per call (simulate.chunk_times)
 # Tokens per run on which the field's working memory is measured: two of the harmonic
 # kernel's blocks of rows (so that the probe runs every loop the run will); n^2 kernels less.
@@ -51,6 +60,8 @@ PROBE_QUADRATIC = 1024
 EVALS = {"euler": 1, "rk4": 4, "geodesic": 4}
 STAGES = {"euler": 2, "rk4": 4, "geodesic": 9, "dopri5": 11, "events": 6,
           "bdf": 4, "radau": 6, "lsoda": 4}
+# States a field evaluation on tensors holds per head (q, k, v, output): not measured.
+TENSOR_FIELD_STATES = 4
 
 
 @dataclass(frozen=True)
@@ -76,20 +87,24 @@ def run_cost(model: Any, x0: np.ndarray, times: np.ndarray, method: str, store: 
     `store` (`attnflow.store.STORES`) at `times`, the attention computed by `kernel`."""
     from attnflow.methods import FIXED_STEP
 
-    state = x0.nbytes
+    tensor = is_tensor(x0)
+    itemsize = x0.element_size() if tensor else x0.dtype.itemsize
     runs = int(np.prod(x0.shape[:-2], dtype=int))
     n, d = x0.shape[-2:]
+    state = runs * n * d * itemsize  # (an expanded tensor's steps allocate all of it)
     T = len(times)
     if store == "summaries":
         summary = T * runs * (d + 2) * 8
         kept = min(T, 2) * state + summary
         stored = kept
     else:
-        stored = T * runs * n * d * (4 if store == "float32" else x0.dtype.itemsize)
+        stored = T * runs * n * d * (4 if store == "float32" else itemsize)
         kept = stored if method in FIXED_STEP and method != "events" else stored + 2 * T * state
     chunk = min(T, max(1, CHUNK_BYTES // max(1, state)))  # simulate.chunk_times
     stages = STAGES[method] + (chunk + 1 if method in FIXED_STEP else 0)
-    working = state * (1 + stages) + _field_peak(model, x0, kernel, method)
+    field = (TENSOR_FIELD_STATES * max(len(layer.attention.heads) for layer in model.layers)
+             * state if tensor else _field_peak(model, x0, kernel, method))
+    working = state * (1 + stages) + field
     if method in ("bdf", "radau", "lsoda"):
         working += 3 * (n * d) ** 2 * 8  # the Jacobian, its factorisation and a copy
     return Cost(memory=kept + working, kept=kept, working=working, file=stored, save_times=T)
@@ -123,26 +138,14 @@ def _field_peak(model: Any, x0: np.ndarray, kernel: Any, method: str) -> int:
     return int(peak * (n / m) ** (2 if quadratic else 1))
 
 
-def available_memory(device: Any = None) -> int:
-    """Bytes of memory available to a new run: on a CUDA device torch's free device memory;
-    on the host psutil's `available` (free plus reclaimable caches) where psutil is
-    installed, else the free pages (os.sysconf)."""
-    if device is not None and getattr(device, "type", "cpu") == "cuda":
-        import torch
-
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        import psutil
-    except ImportError:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return int(psutil.virtual_memory().available)
-
-
 def _limit(budget: Any, device: Any = None) -> tuple[float, str]:
-    """The budget in bytes and whose it is (None: `BUDGET_FRACTION` of the available)."""
+    """The budget in bytes and whose it is (None: `BUDGET_FRACTION` of the memory available
+    on `device`, `attnflow._memory.device_memory`: a CUDA device's free memory, else the
+    host's)."""
     if budget is None:
-        return (BUDGET_FRACTION * available_memory(device),
-                f"{BUDGET_FRACTION:.0%} of the memory available now, the default")
+        free, where = device_memory(device)
+        return (BUDGET_FRACTION * free,
+                f"{BUDGET_FRACTION:.0%} of the memory {where} now, the default")
     if isinstance(budget, (bool, np.bool_)) or not isinstance(
             budget, (int, float, np.integer, np.floating)) or not budget > 0:
         raise fail("memory_budget", "a number of bytes > 0 (or None: "
@@ -150,16 +153,18 @@ def _limit(budget: Any, device: Any = None) -> tuple[float, str]:
     return float(budget), "the budget given"
 
 
-def check_budget(cost: Cost, budget: Any, runs: int, n: int, d: int, dtype: Any) -> None:
+def check_budget(cost: Cost, budget: Any, runs: int, n: int, d: int, dtype: Any,
+                 device: Any = None) -> None:
     """Refuse, in one line naming the cheaper choices, a run whose estimated peak memory
-    exceeds `budget` (bytes; None: `BUDGET_FRACTION` of `available_memory()`)."""
-    limit, whose = _limit(budget)
+    exceeds `budget` (bytes; None: `BUDGET_FRACTION` of the memory available on `device`)."""
+    limit, whose = _limit(budget, device)
     if cost.memory <= limit:
         return
     raise fail("memory_budget", f"a run within {_size(limit)} ({whose}; raise it with "
                "memory_budget=BYTES, --memory-budget GB on the command line)",
                f"a run of {cost.save_times} save times x {runs} run(s) x {n} tokens x d = {d} "
-               f"({np.dtype(dtype).name}) with an estimated {cost.describe()}; cheaper: "
+               f"({str(dtype).removeprefix('torch.')}) with an estimated {cost.describe()}; "
+               "cheaper: "
                "fewer save times (save_at), store='float32' (half the states) or "
                "store='summaries' (moments, cluster counts, energy per save time)")
 
@@ -201,10 +206,3 @@ def check_graph_budget(per_eval: int, evals: int, steps: int, kept: int, state: 
                f"(the same gradients holding one state per step, about {_size(steps * state)})"
                " or checkpoint=STEPS (chunks recomputed in the backward pass)")
 
-
-def _size(nbytes: float) -> str:
-    """A size for people: 656 MB, 1.6 GB."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.3g} {unit}"
-    return f"{nbytes:.0f} B"

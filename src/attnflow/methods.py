@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._array import is_tensor
-from attnflow._checks import describe, fail, finite_array, nonnegative, positive
+from attnflow._checks import describe, fail, finite_array, integer, nonnegative, positive
 from attnflow.implicit import IMPLICIT
 from attnflow.savetimes import as_times
 
@@ -41,9 +41,8 @@ def check_tensor_method(x0: Any, method: str, noise: Any = None, checkpoint: Any
     """Raise ValueError (one line) for torch tensors with a method that cannot step them
     (implicit solves and event location run on numpy arrays), and for `checkpoint` where it
     does not apply (a positive int, with tensors and fixed steps without noise)."""
-    if checkpoint is not None and (isinstance(checkpoint, bool) or not isinstance(
-            checkpoint, (int, np.integer)) or checkpoint < 1):
-        raise fail("checkpoint", "None or a number of steps per chunk >= 1", repr(checkpoint))
+    if checkpoint is not None:
+        integer("checkpoint", checkpoint, 1, expected="None or a number of steps per chunk >= 1")
     if not is_tensor(x0):
         if checkpoint is not None:
             raise fail("checkpoint", "None for numpy arrays (checkpointing saves memory in "

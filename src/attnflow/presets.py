@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import ortho_group
 
-from attnflow._checks import as_generator, describe, fail, square_matrix
+from attnflow._checks import as_generator, describe, fail, integer, square_matrix
+from attnflow._memory import check_allocation
 
 __all__ = ["matrix_from_spec", "SPEC_HELP"]
 
@@ -32,6 +33,8 @@ def matrix_from_spec(spec: str, d: int, name: str = "matrix", seed: int | None =
 
     `name` is the argument named in errors (e.g. "V"); `seed` is used when the spec has none.
     """
+    d = integer("d", d, 1)
+    check_allocation("d", 8 * d * d, f"a ({d}, {d}) float64 matrix {name}")
     spec = spec.strip()
     if spec.endswith(".npy"):
         path = Path(spec)
@@ -75,7 +78,10 @@ def _eigenvalues(name: str, text: str, d: int) -> np.ndarray:
 
 
 def _seed(name: str, text: str) -> int:
+    """The SEED of a spec: a non-negative integer (numpy's seeds)."""
+    expected = "a non-negative integer seed after ':'"
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
-        raise fail(name, "an integer seed after ':'", repr(text)) from None
+        raise fail(name, expected, repr(text)) from None
+    return integer(name, value, 0, expected=expected)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attnflow._checks import fail
+from attnflow._checks import fail, integer
 from attnflow._files import atomic_path
 from attnflow.experiments import RECIPES, SUITE_OF, SUITES
 from attnflow.experiments._recipe import Progress, to_jsonable
@@ -66,6 +66,7 @@ def reproduce(
     """
     if size not in SIZES:
         raise fail("size", f"one of {SIZES}", repr(size))
+    seed = integer("seed", seed, 0, expected="a non-negative integer (the master seed)")
     names = recipe_names(names, suite)
     overrides = overrides or {}
     for name, changes in overrides.items():

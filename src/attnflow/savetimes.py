@@ -21,14 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._checks import fail, number
+from attnflow._checks import fail, integer, number
 
-__all__ = ["EARLY", "TEXT_HELP", "as_times", "default_times", "is_generated", "log_times",
-           "on_step_grid", "times_from_text"]
+__all__ = ["EARLY", "MAX_SAVE_TIMES", "TEXT_HELP", "as_times", "default_times",
+           "is_generated", "log_times", "on_step_grid", "times_from_text"]
 
 EARLY = 0.1  # an evenly spaced first interval longer than this is resolved on a log scale
 _PER_DECADE = 10
 _EVEN = 101  # evenly spaced times of the default
+MAX_SAVE_TIMES = 10**8  # generated save times at most: no more than a run's steps (methods)
 TEXT_HELP = "default | log | log:NUM | linspace:START:STOP:NUM | t1,t2,..."
 
 
@@ -40,8 +41,8 @@ def log_times(t_end: float, num: int = 101, first: float | None = None) -> np.nd
     first : the first time after 0, in (0, t_end) (default min(0.01, t_end / 100)).
     """
     t_end = number("t_end", t_end, 0.0, low_open=True)
-    if isinstance(num, (bool, np.bool_)) or not isinstance(num, (int, np.integer)) or num < 2:
-        raise fail("num", "an integer >= 2 (the number of times, 0 included)", repr(num))
+    num = integer("num", num, 2, MAX_SAVE_TIMES, expected=f"an integer in [2, "
+                  f"{MAX_SAVE_TIMES:.0e}] (the number of times, 0 included)")
     if num == 2:
         return np.array([0.0, t_end])
     if first is None:
@@ -89,7 +90,9 @@ def times_from_text(text: str, t_end: float, name: str = "save_at") -> np.ndarra
             return log_times(t_end, num)
         if text.startswith("linspace:"):
             start, stop, num = text.split(":")[1:]
-            return np.linspace(float(start), float(stop), int(num))
+            count = integer("num", int(num), 1, MAX_SAVE_TIMES, expected=f"an integer in "
+                            f"[1, {MAX_SAVE_TIMES:.0e}] (the number of times)")
+            return np.linspace(float(start), float(stop), count)
         return np.array([float(v) for v in text.split(",")])
     except ValueError as err:
         raise fail(name, expected, f"{text!r} ({err})" if "expected" in str(err) else

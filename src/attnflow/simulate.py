@@ -22,7 +22,7 @@ from attnflow._array import (
     tensors_of,
     to_numpy,
 )
-from attnflow._checks import describe, fail, number, positive
+from attnflow._checks import describe, fail, integer, number, positive
 from attnflow._progress import progress_bar
 from attnflow.adjoint import adjoint_runner
 from attnflow.brownian import BrownianPath
@@ -143,11 +143,12 @@ def simulate(
         tensor. A tensor x0 (or a model with tensor parameters) runs on its device without
         this: "euler", "rk4", "geodesic", "dopri5" and noise step there, recorded by
         autograd (gradients reach x0 and every tensor parameter); the states are tensors
-        (store "states" only; the budget covers the autograd graph of backpropagation
-        through fixed steps without checkpoint, `attnflow.budget.graph_cost`). On
-        CPU tensors the run chooses torch's thread count from the problem size
-        (`attnflow.torchthreads`: one thread below 1e9 multiply-adds per field evaluation),
-        restoring the caller's setting after it.
+        (store "states" only; the budget is the device's, `attnflow.budget`, and covers
+        the autograd graph of backpropagation through fixed steps without checkpoint,
+        `attnflow.budget.graph_cost`). Devices without storage ("meta") and devices this
+        torch cannot reach are refused. On CPU tensors the run chooses torch's thread count
+        from the problem size (`attnflow.torchthreads`: one thread below 1e9 multiply-adds
+        per field evaluation), restoring the caller's setting after it.
     checkpoint : with tensors and fixed steps: recompute chunks of this many steps in the
         backward pass (`attnflow.checkpointing`): memory for long runs.
     gradients : how reverse mode differentiates a tensor run: "backprop" (default; torch's
@@ -163,15 +164,10 @@ def simulate(
     Raises ValueError for bad input and `NonFiniteStateError` if a state becomes non-finite.
     """
     plan = _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
-                 brownian_dt, store, device, checkpoint, gradients)
-    x0, times, dt, pieces = plan.x0, plan.times, plan.dt, plan.pieces
+                 brownian_dt, store, device, checkpoint, gradients, budget=(memory_budget,))
+    x0, times, dt, pieces, cost = plan.x0, plan.times, plan.dt, plan.pieces, plan.cost
     tensor = is_tensor(x0)
-    cost = None
-    if not tensor:  # the estimate measures host memory: a tensor's device has its own
-        cost = run_cost(model, x0, times, method, plan.store, plan.kernel)
-        check_budget(cost, memory_budget, int(np.prod(x0.shape[:-2], dtype=int)),
-                     *x0.shape[-2:], x0.dtype)
-    elif plan.runner is None and checkpoint is None and method in EVALS:
+    if tensor and plan.runner is None and checkpoint is None and method in EVALS:
         _check_graph(model, plan, memory_budget)
     keep = Keep(plan.store, len(times), x0, summarize=partial(
         summaries, model, _cluster_tol(model, cluster_tol)) if plan.store == "summaries"
@@ -190,8 +186,7 @@ def simulate(
     integrator = {"method": method, "dt": dt, "rtol": plan.rtol, "atol": plan.atol,
                   "n_steps": work["n_steps"], "n_rejected": work["n_rejected"],
                   "kernel": ", ".join(dict.fromkeys(work["kernels"])), "store": plan.store,
-                  "estimate": None if cost is None else {"memory": cost.memory,
-                                                         "file": cost.file}}
+                  "estimate": {"memory": cost.memory, "file": cost.file}}
     if tensor:
         integrator.update(device=device_of(x0), dtype=dtype_name(x0))
         if checkpoint is not None:
@@ -250,9 +245,8 @@ def estimate_run(model: Model, x0: Any, t_end: float, save_at: Any = None,
     """The estimated peak memory and file size of `simulate` with these arguments
     (`attnflow.budget.Cost`, in bytes), without running it (one field evaluation on a few
     tokens, measured)."""
-    plan = _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
-                 brownian_dt, store)
-    return run_cost(model, plan.x0, plan.times, method, plan.store, plan.kernel)
+    return _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
+                 brownian_dt, store).cost
 
 
 @dataclass
@@ -269,6 +263,7 @@ class _Plan:
     pieces: list
     store: str
     kernel: Any  # the first layer's kernel, for the estimate
+    cost: Cost  # the estimate (attnflow.budget)
     sigma: float | None = None
     path: BrownianPath | None = None
     level: int | None = None
@@ -287,8 +282,12 @@ def _cluster_tol(model: Model, cluster_tol: Any) -> float:
 
 
 def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, noise,
-          brownian_dt, store, device=None, checkpoint=None, gradients="backprop") -> _Plan:
-    """Check simulate's arguments and work out its save times and step."""
+          brownian_dt, store, device=None, checkpoint=None, gradients="backprop",
+          budget=None) -> _Plan:
+    """Check simulate's arguments and work out its save times, step and cost; `budget`, a
+    1-tuple (memory_budget,), checks the cost against it (tensors before their values are
+    checked: their estimate is a formula of the shape, and an expanded tensor's checks are
+    as long as the run's first step)."""
     if not isinstance(model, (Block, Stack)):
         raise fail("model", "an attnflow.Attention, Block or Stack", type(model).__name__)
     seed = check_seed(seed)
@@ -317,7 +316,9 @@ def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, no
     if is_tensor(x0) and store != "states":
         raise fail("store", "'states' for torch tensors (the states stay tensors in the "
                    "autograd graph; 'float32' and 'summaries' keep numpy arrays)", repr(store))
-    x0 = _initial_tokens(model, x0, normalize)
+    early = is_tensor(x0) and x0.ndim >= 2  # its budget checked before its values
+    if not early:
+        x0 = _initial_tokens(model, x0, normalize)
     sigma = None if noise is None else number("noise", noise, 0.0, expected="sigma >= 0")
     path = level = None
     if sigma is not None:
@@ -334,10 +335,23 @@ def _plan(model, x0, t_end, save_at, method, dt, rtol, atol, normalize, seed, no
         dt = DEFAULT_DT if dt is None else dt
         if save_at is None or (isinstance(save_at, str) and save_at == "default"):
             times = on_step_grid(times, dt)
+    if early:
+        if budget is not None:
+            _check_cost(run_cost(model, x0, times, method, store, None), budget[0], x0)
+        x0 = _initial_tokens(model, x0, normalize)
     layer = pieces[0][2] if pieces else model.layers[0]
     kernel = layer.kernel_for(x0 if method not in IMPLICIT else x0[(0,) * (x0.ndim - 2)])
-    return _Plan(x0, t_end, times, dt, rtol, atol, seed, pieces, store, kernel, sigma, path,
-                 level, runner, method)
+    cost = run_cost(model, x0, times, method, store, kernel)
+    if budget is not None and not early:
+        _check_cost(cost, budget[0], x0)
+    return _Plan(x0, t_end, times, dt, rtol, atol, seed, pieces, store, kernel, cost, sigma,
+                 path, level, runner, method)
+
+
+def _check_cost(cost: Cost, memory_budget: Any, x0: Any) -> None:
+    """`budget.check_budget` for a run from x0 (on its device's memory for a tensor)."""
+    check_budget(cost, memory_budget, int(np.prod(x0.shape[:-2], dtype=int)), *x0.shape[-2:],
+                 x0.dtype, device_of(x0) if is_tensor(x0) else None)
 
 
 COUNTS = ("n_evals", "n_steps", "n_rejected", "n_jacobians")  # an integrator's work
@@ -533,9 +547,7 @@ def check_seed(seed: Any) -> int | None:
     """A seed: None or a non-negative int (numpy integers accepted, returned as int)."""
     if seed is None:
         return None
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise fail("seed", "a non-negative int or None", repr(seed))
-    return int(seed)
+    return integer("seed", seed, 0, expected="a non-negative int or None")
 
 
 def _refinement_level(dt: float, brownian_dt: Any) -> int:

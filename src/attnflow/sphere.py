@@ -6,13 +6,15 @@ All functions accept any leading batch shape and broadcast like numpy.
 
 from __future__ import annotations
 
+import math
 from functools import cache
 
 import numpy as np
 from numba import njit
 
 from attnflow._array import is_tensor, sinc
-from attnflow._checks import as_generator, fail
+from attnflow._checks import as_generator, integer
+from attnflow._memory import check_allocation
 
 __all__ = [
     "inner",
@@ -146,11 +148,11 @@ def uniform(
 
     Returns an array of shape (*shape, d), float64.
     """
-    if int(d) != d or d < 1:
-        raise ValueError(f"d: expected an integer >= 1, received {d!r}")
-    shape = (shape,) if np.isscalar(shape) else tuple(shape)
-    if not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 0
-               for k in shape):
-        raise fail("shape", "non-negative integer sizes (n or (batch, n))", repr(shape))
+    d = integer("d", d, 1)
+    sizes = (shape,) if np.isscalar(shape) else tuple(shape)
+    sizes = tuple(integer("shape", k, 0, expected="non-negative integer sizes (n or (batch, "
+                          "n))") for k in sizes)
+    check_allocation("shape, d", 8 * math.prod(sizes) * d,
+                     f"shape {sizes} x d = {d} in float64")
     rng = as_generator(seed)
-    return normalize(rng.standard_normal((*shape, int(d))))
+    return normalize(rng.standard_normal((*sizes, d)))

@@ -89,7 +89,8 @@ def animate(
     out: Path = typer.Option(..., "--out", "-o", help="Movie file, .gif or .mp4."),
     frames: int = typer.Option(None, min=1, help="Number of frames (default every saved "
                                "time, at most 120)."),
-    fps: float = typer.Option(12.0, min=0.1, help="Frames per second."),
+    fps: float = typer.Option(12.0, help="Frames per second: at most 50 for a GIF (its frame "
+                              "delays are 2 to 65535 centiseconds), 240 for an MP4."),
     run: int = typer.Option(0, help="Run of a batch."),
     size: int = typer.Option(400, min=64, help="Frame width and height in pixels (at most "
                              "8192; frames x size^2 at most 2^28)."),

@@ -23,7 +23,7 @@ def reproduce(
     full: bool = typer.Option(False, "--full/--quick", help="The paper's sizes (slow) or the "
                               "quick default sizes (all recipes in minutes)."),
     out: Path = typer.Option(Path("reproduction"), "--out", "-o", help="Output folder."),
-    seed: int = typer.Option(0, help="Master seed of every recipe."),
+    seed: int = typer.Option(0, min=0, help="Master seed of every recipe."),
     force: bool = typer.Option(False, help="Rerun recipes whose results already exist."),
     model: Path = typer.Option(None, help="Checkpoint folder for the `spectra` recipe "
                                "(default: the MiniLM weights if installed)."),

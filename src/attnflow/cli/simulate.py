@@ -226,8 +226,8 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
 
     output_path("--out", out, sorted(FORMATS))
     with renamed(**SOLVER_OPTIONS, seed="--seed", mask="--mask", Q="--Q", K="--K", V="--V",
-                 noise="--noise", alpha="--alpha", bias="--bias",
-                 **{k: flag(k) for k in option_names()}):
+                 noise="--noise", alpha="--alpha", bias="--bias", d="--d",
+                 **{"shape, d": "--n, --batch, --d"}, **{k: flag(k) for k in option_names()}):
         check_solver_args(method, t_end, save_at, dt, rtol, atol)
         seed = check_seed(seed)
         check_store(store)
@@ -256,7 +256,7 @@ def _setup(*, n: int, d: int, beta: float, mask: str, Q: str, K: str, V: str, ba
             number("noise", noise, 0.0, expected="sigma >= 0")
             if method not in NOISY:
                 raise fail("method", f"one of {', '.join(NOISY)} with --noise", repr(method))
-    x0 = uniform((batch, n) if batch > 1 else n, d, seed).astype(dtype)
+        x0 = uniform((batch, n) if batch > 1 else n, d, seed).astype(dtype)
     return Setup(model=model, x0=x0, t_end=t_end, save_at=save_at, method=method, dt=dt,
                  rtol=rtol, atol=atol, seed=seed, cluster_tol=tol, out=out, noise=noise,
                  store=store, memory_budget=memory_budget)

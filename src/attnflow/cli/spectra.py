@@ -30,7 +30,7 @@ def spectra(
     out: Path = typer.Option(Path("spectra"), "--out", "-o", help="Output directory."),
     layers: str = typer.Option(None, help="Comma-separated layer indices (default: every "
                                "distinct set of weights; one per group for ALBERT)."),
-    seed: int = typer.Option(0, help="Seed of the Gaussian-initialised baseline."),
+    seed: int = typer.Option(0, min=0, help="Seed of the Gaussian-initialised baseline."),
 ) -> None:
     """Eigenvalues of W_V^h W_O^h per head (complex-plane grid), lambda_max, atlas rows and
     effective betas ||W_Q^T W_K / sqrt(d_head)||_2, beside a Gaussian-initialised baseline."""

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import traitlets
 
-from attnflow._checks import fail, inverse_temperature, positive
+from attnflow._checks import fail, integer, inverse_temperature, positive
 from attnflow.explorer.pack import pack
 from attnflow.explorer.widget import Explorer
 from attnflow.family import Attention
@@ -35,10 +35,8 @@ class LiveExplorer(Explorer):
                  frames: int, dt: float) -> None:
         self._d, self._t_end, self._frames = d, positive("t_end", t_end), frames
         self._dt = positive("dt", dt)
-        if isinstance(frames, bool) or not isinstance(frames, (int, np.integer)) or frames < 2:
-            raise fail("frames", "an integer >= 2 (saved times)", repr(frames))
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
-            raise fail("d", "an integer >= 2", repr(d))
+        integer("frames", frames, 2, expected="an integer >= 2 (saved times)")
+        integer("d", d, 2)
         settings = _settings({"n": n, "beta": beta, "mask": mask, "seed": seed})
         pieces = self._pieces(settings)
         super().__init__(next(pieces))
@@ -89,10 +87,8 @@ def _settings(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict) or set(value) != {"beta", "mask", "n", "seed"}:
         raise fail("live", "a dict with the keys beta, mask, n, seed", repr(value))
     n, seed = value["n"], value["seed"]
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= 20_000:
-        raise fail("n", "an integer number of tokens in [1, 20000]", repr(n))
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise fail("seed", "an integer >= 0", repr(seed))
+    integer("n", n, 1, 20_000, expected="an integer number of tokens in [1, 20000]")
+    integer("seed", seed, 0)
     if value["mask"] not in MASKS:
         raise fail("mask", f"one of {', '.join(MASKS)}", repr(value["mask"]))
     beta = inverse_temperature("beta", value["beta"])

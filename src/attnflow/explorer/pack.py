@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from attnflow._array import to_numpy
-from attnflow._checks import fail
+from attnflow._checks import fail, integer
 from attnflow.analysis.clusters import default_cluster_tol, length_scale
 from attnflow.analysis.metrics import evaluate_metric
 from attnflow.analysis.renyi import renyi_centers, strong_renyi_centers
@@ -219,9 +219,7 @@ def _one_run(traj: Trajectory, run: int) -> np.ndarray:
     """The token directions (T, n, d) of one run of the batch (a host copy of a run on torch
     tensors)."""
     X = to_numpy(traj.directions).reshape(len(traj.times), -1, traj.n, traj.d)
-    if isinstance(run, bool) or not isinstance(run, (int, np.integer)) or \
-            not 0 <= run < X.shape[1]:
-        raise fail("run", f"a run index in [0, {X.shape[1]})", repr(run))
+    integer("run", run, 0, X.shape[1] - 1, expected=f"a run index in [0, {X.shape[1]})")
     return X[:, run]
 
 

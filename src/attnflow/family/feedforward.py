@@ -28,7 +28,8 @@ from scipy.special import erf, expit
 
 from attnflow._array import check_parameter, like, namespace
 from attnflow._array import erf as any_erf
-from attnflow._checks import describe, fail
+from attnflow._checks import describe, fail, integer
+from attnflow._memory import check_allocation
 
 __all__ = ["ACTIVATIONS", "MLP"]
 
@@ -153,7 +154,8 @@ class MLP(Part):
         """Gaussian weights, variance 1/d into the hidden layer and 1/width out of it."""
         if activation not in ACTIVATIONS:
             raise fail("mlp.activation", f"one of {ACTIVATIONS}", repr(activation))
-        rng = np.random.default_rng(seed)
+        _check_width("width", d, width, activation)
+        rng = np.random.default_rng(integer("seed", seed, 0))
 
         def w(rows: int, cols: int) -> np.ndarray:
             return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(dtype)
@@ -218,4 +220,14 @@ class MLP(Part):
             raise fail(name, expected, repr(text))
         if d is None:
             raise fail(name, "a model dimension d to draw the weights for", "d unknown")
+        _check_width(name, d, int(parts[1]), parts[0])
         return cls.random(d, int(parts[1]), parts[0], int(parts[2]) if len(parts) == 3 else 0)
+
+
+def _check_width(name: str, d: int, width: int, activation: str) -> None:
+    """Refuse, naming `name`, a hidden width whose float64 weights (d x width, two or three
+    matrices) cannot fit in memory."""
+    integer(name, width, 1, expected="a hidden width >= 1 (an integer)")
+    matrices = 3 if activation in GATED else 2
+    check_allocation(name, 8 * matrices * integer("d", d, 1) * width,
+                     f"width {width} x d = {d}, {matrices} float64 matrices")

@@ -67,7 +67,7 @@ import numpy as np
 from numba import njit
 from threadpoolctl import ThreadpoolController
 
-from attnflow._checks import fail
+from attnflow._checks import fail, integer
 from attnflow.kernels._simd import wide_vectors
 from attnflow.kernels._vexp import vexp2
 from attnflow.kernels.fused import LOG2E, SAFE_SPREAD, band
@@ -180,8 +180,7 @@ def attend(
         raise fail("q, k, v", "float32 or float64 arrays", f"dtype {dtype}")
     if block is None:
         block = _default_block(n, _small(q.shape[-1], f))
-    if int(block) != block or block < 1:
-        raise fail("block", "an integer >= 1", repr(block))
+    block = integer("block", block, 1)
     lead = q.shape[:-2]
     if not lead == k.shape[:-2] == v.shape[:-2]:  # equal ones skip ~40 us of broadcasting
         lead = np.broadcast_shapes(lead, k.shape[:-2], v.shape[:-2])

@@ -4,7 +4,9 @@ A mask spec is one of
 * ``"causal"``: token k attends to tokens 1..k (decoder-style);
 * ``"full"``: every token attends to every token;
 * ``("window", w)``: token k attends to tokens k-w+1..k (causal sliding window, w >= 1);
-* a boolean (n, n) array, entry [k, j] True when token k attends to token j.
+* a boolean (n, n) array, entry [k, j] True when token k attends to token j (a numpy
+  array or a torch boolean tensor, kept as a numpy array: a mask is structure, not a
+  parameter, and the tensor kernel moves it to the tokens' device once).
 
 The command line's text forms are accepted everywhere too: ``"window:W"`` and ``"FILE.npy"``
 (`mask_from_text`).
@@ -16,7 +18,8 @@ from typing import Any, Union
 
 import numpy as np
 
-from attnflow._checks import describe, fail
+from attnflow._array import check_storage, is_tensor, to_numpy
+from attnflow._checks import describe, fail, integer
 
 MaskSpec = Union[str, tuple, np.ndarray]
 MAX_WINDOW = 2**31 - 1  # wider than any n: such a window is the causal mask
@@ -28,18 +31,18 @@ def check_mask(mask: Any) -> MaskSpec:
     if isinstance(mask, str):
         return mask_from_text(mask)
     if isinstance(mask, (tuple, list)) and len(mask) == 2 and mask[0] == "window":
-        w = mask[1]
-        if (isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer))
-                or not 1 <= w <= MAX_WINDOW):
-            raise fail("mask", f"a window width 1 <= w <= {MAX_WINDOW} (an integer; a wider "
-                       "window is 'causal') in ('window', w)", repr(w))
-        return ("window", int(w))
+        return ("window", integer("mask", mask[1], 1, MAX_WINDOW, expected=(
+            f"a window width 1 <= w <= {MAX_WINDOW} (an integer; a wider window is 'causal') "
+            "in ('window', w)")))
+    if is_tensor(mask):
+        mask = to_numpy(check_storage("mask", mask))
     if isinstance(mask, np.ndarray) or isinstance(mask, (list, tuple)):
         arr = np.asarray(mask)
         if arr.dtype != bool or arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
             raise fail("mask", "a boolean (n, n) array", describe(arr))
         return arr
-    raise fail("mask", "'causal', 'full', ('window', w) or a boolean (n, n) array", repr(mask))
+    raise fail("mask", "'causal', 'full', ('window', w) or a boolean (n, n) array or tensor",
+               describe(mask))
 
 
 def mask_from_text(text: str, name: str = "mask") -> MaskSpec:

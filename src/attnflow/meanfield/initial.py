@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import scipy.fft as sfft
 
-from attnflow._checks import describe, fail, finite_array, positive
+from attnflow._checks import describe, fail, finite_array, integer, positive
+from attnflow._memory import check_allocation
 from attnflow.meanfield import sphere, zonal
 from attnflow.meanfield.density import Density, label_scheme
 from attnflow.meanfield.labels import label_nodes, token_cells
@@ -96,10 +97,9 @@ def from_function(f: Callable[..., Any], modes: int, labels: int | None = None,
     Returns a `Density`: the coefficients with their `scheme` (None without labels), which
     `solve` reads (a different explicit scheme there is refused)."""
     K = _modes(modes)
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
-        raise fail("d", "2 (the circle), 3 (S^2) or more (zonal densities on S^{d-1})",
-                   repr(d))
+    integer("d", d, 2, expected="2 (the circle), 3 (S^2) or more (zonal densities on S^{d-1})")
     S = 1 if labels is None else _labels(labels)
+    _check_size(K, S, d)
     arity = _arity(f)
     if arity is not None and arity != (1 if labels is None else 2):
         raise fail("labels", "an integer S >= 1 (labels) for f(s, x) of two arguments, "
@@ -149,6 +149,8 @@ def from_tokens(x: Any, modes: int, width: float, labels: int | None = None,
     w = positive("width", width)
     n = len(x)
     S = 1 if labels is None else _labels(labels)
+    check_allocation("modes", 32 * n * (K + 1), f"K = {K} modes x n = {n} tokens (their "
+                     "complex waves, twice)")
     cell = token_cells(n, S)
     carried = None if labels is None else "cells"
     if x.shape[1] == 3:
@@ -177,14 +179,28 @@ def _arity(f: Callable[..., Any]) -> int | None:
     return required if required in (1, 2) else None
 
 
+def _check_size(K: int, S: int, d: int) -> None:
+    """Refuse, naming modes, K modes whose sampling cannot fit in memory: on S^2 the tables
+    of the grid of degree 2 L (the harmonics, their derivatives and a complex copy: four
+    float64 arrays of (2 L + 1)^2 N_theta) and S samples per grid point (three copies);
+    on S^{d-1}, d >= 4, the Gegenbauer tables of degree 2 L at its nodes (four copies); on
+    the circle S x P samples (P = max(8 K, 256)) and their transform (four copies)."""
+    G = max(2 * K, 16)  # the sampling grids' degree on S^2 and S^{d-1}
+    if d == 3:
+        n_theta, n_phi = sphere.grid_shape(G)
+        nbytes = 32 * (G + 1) ** 2 * n_theta + 24 * S * n_theta * n_phi
+    elif d > 3:
+        nbytes = 32 * (G + 1) * ((3 * G + 4) // 2 + S)
+    else:
+        nbytes = 32 * S * max(8 * K, 256)
+    check_allocation("modes, labels", nbytes, f"K = {K} modes for {S} label(s) on "
+                     f"S^{d - 1}")
+
+
 def _modes(modes: Any) -> int:
-    if isinstance(modes, bool) or not isinstance(modes, (int, np.integer)) or modes < 3:
-        raise fail("modes", "an integer K >= 3", repr(modes))
-    return int(modes)
+    return integer("modes", modes, 3, expected="an integer K >= 3")
 
 
 def _labels(labels: Any) -> int:
-    if isinstance(labels, bool) or not isinstance(labels, (int, np.integer)) or labels < 1:
-        raise fail("labels", "an integer S >= 1 (the number of label cells) or None",
-                   repr(labels))
-    return int(labels)
+    return integer("labels", labels, 1,
+                   expected="an integer S >= 1 (the number of label cells) or None")

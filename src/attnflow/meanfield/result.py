@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnflow._checks import fail
+from attnflow._checks import fail, integer
 from attnflow._datafiles import (
     MAX_BYTES,
     check_exists,
@@ -100,9 +100,8 @@ class MeanFieldResult:
                        "themselves: int conj(Y_lm) rho = coefficients[..., l, m])",
                        f"a result on S^{self.d - 1}")
         K = self.coefficients.shape[-1] - 1
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k <= K:
-            raise fail("k", f"a mode 0 <= k <= K = {K} (for k < 0: conj(moments(-k)))",
-                       repr(k))
+        k = integer("k", k, 0, K, expected=f"a mode 0 <= k <= K = {K} (for k < 0: "
+                    "conj(moments(-k)))")
         return 2 * np.pi * np.conj(self.coefficients[..., k])
 
     def density(self, points: int = 256) -> np.ndarray:

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._checks import as_generator, fail
+from attnflow._checks import as_generator, fail, integer
+from attnflow._memory import check_allocation
 from attnflow.analysis.closedforms import inverse_cdf
 from attnflow.meanfield.density import Density
 from attnflow.meanfield.initial import DEFAULT_TAIL
@@ -123,6 +124,8 @@ def sample(source: Any, n: int, *, t: float | None = None, method: str = "iid",
 
 
 def _count(n: Any) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise fail("n", "an integer number of tokens >= 1", repr(n))
-    return int(n)
+    """n tokens, >= 1, whose labels, angles and (n, 2) float64 tokens (eight numbers a token
+    at the peak) fit in memory."""
+    n = integer("n", n, 1, expected="an integer number of tokens >= 1")
+    check_allocation("n", 64 * n, f"{n} tokens (labels, angles and (n, 2) float64 tokens)")
+    return n

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._checks import fail, number
+from attnflow._checks import fail, integer, number
+from attnflow._memory import check_allocation
 from attnflow.errors import NonFiniteStateError
 from attnflow.family import Block
 from attnflow.integrate import rk4_step
@@ -132,10 +133,11 @@ def solve(model: Block | Mapping[str, Any], rho0: Any, t_end: float, *,
     if not mf.causal and S != 1:
         raise fail("rho0", "one density (K + 1,) or (1, K + 1) for the full mask (label cells "
                    "are for mask 'causal')", f"{S} label densities")
-    if refine_to is not None and (isinstance(refine_to, bool) or not isinstance(
-            refine_to, (int, np.integer)) or refine_to < K):
-        raise fail("refine_to", f"None or an integer number of modes >= K = {K}",
-                   repr(refine_to))
+    if refine_to is not None:
+        integer("refine_to", refine_to, K,
+                expected=f"None or an integer number of modes >= K = {K}")
+        check_allocation("refine_to", 16 * 8 * S * (refine_to + 1), f"{refine_to} modes for "
+                         f"{S} label(s) (complex, the state and its stages: eight copies)")
     t_end, times, dt, _, _ = check_solver_args("rk4", t_end, save_at, dt, None, None)
     sigma = 0.0 if noise is None else number("noise", noise, 0.0, expected="sigma >= 0")
     if path is not None:
@@ -265,8 +267,7 @@ def _dimension(d: Any, rho0: Any) -> int:
     ndim = np.ndim(rho0)
     if d is None:
         return 3 if ndim == 3 else 2
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
-        raise fail("d", "None or an integer d >= 2", repr(d))
+    d = integer("d", d, 2, expected="None or an integer d >= 2")
     if (d == 3) != (ndim == 3):
         raise fail("rho0", f"coefficients for d = {d}: (S, L + 1, L + 1) spherical-harmonic "
                    "coefficients for d = 3, (K + 1,) or (S, K + 1) otherwise",

@@ -11,7 +11,7 @@ import matplotlib as mpl
 import numpy as np
 from matplotlib.figure import Figure
 
-from attnflow._checks import fail, positive
+from attnflow._checks import fail, integer, number
 from attnflow._files import atomic_path
 from attnflow.plot._input import _finite, _states, _time_range
 from attnflow.plot._style import (
@@ -25,6 +25,9 @@ from attnflow.plot.circle import _draw_disk
 from attnflow.plot.projection import frame
 from attnflow.plot.sphere import _camera, _shaded_sphere, _sphere_grid
 from attnflow.trajectory import Trajectory
+
+MIN_FPS = 100 / 65535  # a GIF's longest frame delay: 65535 centiseconds
+MAX_MP4_FPS = 240.0
 
 
 def animate(
@@ -50,7 +53,8 @@ def animate(
     path : ``.gif`` (Pillow) or ``.mp4`` (H.264 through the ffmpeg binary of imageio-ffmpeg).
     frames : number of frames, at most the number of selected saved times (default all of
         them, up to 120).
-    fps : frames per second.
+    fps : frames per second: [100 / 65535, 50] for a GIF (its frame delays are 2 to 65535
+        centiseconds), up to 240 for an MP4.
     size : width and height of a frame in pixels (GIF frames share one 255-colour palette),
         at most 8192; frames * size^2 at most 2^28 pixels (the frames are held in memory).
     max_bytes : the file may not exceed this; a larger result is an error (use fewer frames
@@ -66,16 +70,12 @@ def animate(
     idx = _time_range(times, t_range)
     if frames is None:
         frames = min(len(idx), 120)
-    if isinstance(frames, bool) or not isinstance(frames, (int, np.integer)) or \
-            not 1 <= frames <= len(idx):
-        raise fail("frames", f"a number of frames in [1, {len(idx)}] (the selected saved times)",
-                   repr(frames))
-    fps = positive("fps", fps)
+    frames = integer("frames", frames, 1, len(idx), expected=f"a number of frames in [1, "
+                     f"{len(idx)}] (the selected saved times)")
+    fps = _fps(fps, path.suffix)
     side = math.isqrt(MAX_IMAGE_PIXELS)
-    if (isinstance(size, bool) or not isinstance(size, (int, np.integer))
-            or not 64 <= size <= side):
-        raise fail("size", f"a frame width in pixels in [64, {side}] (a budget of "
-                   f"{MAX_IMAGE_PIXELS} pixels per frame)", repr(size))
+    size = integer("size", size, 64, side, expected=f"a frame width in pixels in [64, {side}] "
+                   f"(a budget of {MAX_IMAGE_PIXELS} pixels per frame)")
     if frames * size * size > MAX_MOVIE_PIXELS:
         raise fail("frames", f"at most {MAX_MOVIE_PIXELS // (size * size)} frames of {size} x "
                    f"{size} pixels (a budget of {MAX_MOVIE_PIXELS} pixels per movie, held in "
@@ -147,6 +147,16 @@ def _time_format(times: np.ndarray) -> str:
     steps = np.diff(times)
     step = steps[steps > 0].min() if np.any(steps > 0) else 1.0
     return f".{int(np.clip(np.ceil(-np.log10(step) - 1e-9), 0, 6))}f"
+
+
+def _fps(fps: Any, suffix: str) -> float:
+    """Frames per second a movie can hold: a GIF's frame delay is a 16-bit count of
+    centiseconds, of which browsers honour 2 and more (they show 0 and 1 as 10), so fps in
+    [100 / 65535, 50]; an MP4 up to `MAX_MP4_FPS`."""
+    top, why = (50.0, "GIF frame delays of 2 to 65535 centiseconds") if suffix == ".gif" \
+        else (MAX_MP4_FPS, f"an MP4 of at most {MAX_MP4_FPS:g} frames per second")
+    return number("fps", fps, MIN_FPS, top, expected=f"frames per second in "
+                  f"[{MIN_FPS:.4g}, {top:g}] ({why})")
 
 
 def _write_gif(path: Path, images: list[np.ndarray], fps: float) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from attnflow._checks import as_generator
+from attnflow._checks import as_generator, integer
 from attnflow._repr import ShortRepr
 from attnflow.pretrained.checkpoint import AttentionLayer, Checkpoint, load_layers
 
@@ -263,6 +263,7 @@ def write_spectra(model_dir: str | Path, out_dir: str | Path,
     GGUF tensors; "" for a checkpoint directory), "pretrained": spectra_summary(...),
     "gaussian": spectra_summary(...), "files": [...]}.
     """
+    seed = integer("seed", seed, 0, expected="a non-negative integer (the baseline's seed)")
     ckpt, loaded = load_model_layers(model_dir, layers)
     spectra = [s for layer in loaded for s in layer_spectra(layer)]
     baseline_layers = gaussian_layers(ckpt, [layer.index for layer in loaded], seed)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from attnflow._checks import fail, inverse_temperature
+from attnflow._checks import integer as checked_integer
 from attnflow.family.text import DEFAULTS, family_options, option_names
 from attnflow.kernels import KERNELS, get_kernel
 from attnflow.kernels.masks import mask_from_text
@@ -48,12 +49,10 @@ def beta_value(name: str, v: Any) -> float:
     return inverse_temperature(name, v)
 
 
-def integer(lo: int) -> Check:
-    """A checker of integers >= lo."""
+def integer(lo: int, hi: int | None = None) -> Check:
+    """A checker of integers in [lo, hi] (`attnflow._checks.integer`; hi None: no bound)."""
     def check(name: str, v: Any) -> int:
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise fail(name, f"an integer >= {lo}", repr(v))
-        return v
+        return checked_integer(name, v, lo, hi)
 
     return check
 

@@ -15,13 +15,15 @@ from typing import Any
 
 import xarray as xr
 
-from attnflow._checks import fail
+from attnflow._checks import fail, integer
 from attnflow._progress import progress_bar
 from attnflow.sweeps.spec import SweepSpec, parse_spec
 from attnflow.sweeps.store import open_store, pending, write
 from attnflow.sweeps.tasks import Task, TaskResult, message, plan, run_task
 
 UNTRIM = "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_"
+HEALTH_ROUTE = "distributed.http.health"  # the only HTTP route without a dashboard
+WORKERS_PER_CPU = 4  # the most worker processes a local cluster starts, per CPU
 
 
 class SweepIncompleteError(RuntimeError):
@@ -53,8 +55,10 @@ def _check_scheduler(scheduler: Any, workers: int | None, dashboard: str | None,
     if not own_cluster and (workers is not None or dashboard is not None):
         raise fail("workers/dashboard", "None unless sweep starts its own local cluster "
                    "(scheduler=None)", f"workers={workers}, dashboard={dashboard}")
-    if workers is not None and (not isinstance(workers, int) or workers < 1):
-        raise fail("workers", "an integer >= 1", repr(workers))
+    if workers is not None:
+        cpus = len(os.sched_getaffinity(0))
+        integer("workers", workers, 1, WORKERS_PER_CPU * cpus, expected="a number of worker "
+                f"processes in [1, {WORKERS_PER_CPU * cpus}] ({WORKERS_PER_CPU} per CPU here)")
     if security is not None:
         from distributed.security import Security
 
@@ -69,7 +73,8 @@ def _check_scheduler(scheduler: Any, workers: int | None, dashboard: str | None,
 def local_cluster(workers: int | None = None, dashboard: str | None = None) -> Any:
     """The LocalCluster a sweep starts by default: `workers` single-threaded worker processes
     (default: one per CPU), each with one kernel thread (ATTNFLOW_THREADS=1), listening on
-    127.0.0.1 only, with a dashboard only at `dashboard` (e.g. "127.0.0.1:8787").
+    127.0.0.1 only, with a dashboard only at `dashboard` (e.g. "127.0.0.1:8787"); without
+    one, the scheduler's and the workers' HTTP ports serve /health alone.
 
     Its scheduler and workers talk TLS with temporary credentials made for this cluster
     (`distributed.security.Security.temporary()`: a self-signed certificate held in memory
@@ -80,12 +85,16 @@ def local_cluster(workers: int | None = None, dashboard: str | None = None) -> A
     from distributed import LocalCluster
     from distributed.security import Security
 
-    # Without a dashboard the scheduler still serves /health on its HTTP port, by default
-    # 8787: an ephemeral loopback port instead leaves 8787 alone. Dask's nanny sets
+    # Without a dashboard the scheduler still serves HTTP (plain, unauthenticated), by default
+    # on 8787: an ephemeral loopback port instead leaves 8787 alone, and its routes, and the
+    # workers', are /health only (Dask's defaults add the logs, the call stacks, the workers'
+    # pages, the identity, the event stream and the Prometheus metrics). Dask's nanny sets
     # MALLOC_TRIM_THRESHOLD_=65536 in its workers, which turns glibc's adaptive mmap threshold
     # off: every (batch, n, n) temporary is then mmapped and page-faulted afresh, 1.8x slower
     # here; None unsets it.
-    with dask.config.set({UNTRIM: None}):
+    routes = {} if dashboard else {f"distributed.{who}.http.routes": [HEALTH_ROUTE]
+                                   for who in ("scheduler", "worker")}
+    with dask.config.set({UNTRIM: None, **routes}):
         return LocalCluster(
             n_workers=len(os.sched_getaffinity(0)) if workers is None else workers,
             threads_per_worker=1, processes=True, host="127.0.0.1", protocol="tls://",

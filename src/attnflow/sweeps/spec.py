@@ -21,13 +21,14 @@ from attnflow._checks import fail
 from attnflow.family.stack import Model, segments
 from attnflow.methods import DEFAULT_DT, FIXED_STEP, check_solver_args
 from attnflow.presets import matrix_from_spec
-from attnflow.savetimes import on_step_grid
+from attnflow.savetimes import MAX_SAVE_TIMES, on_step_grid
 from attnflow.sweeps.axes import MATRICES, REQUIRED, integer, is_number, model_kind, real
 from attnflow.sweeps.axes import axes as grid_axes
 from attnflow.sweeps.metrics import DEFAULT_METRICS, METRICS, Keep
 from attnflow.sweeps.models import PointModels, digest, owned_by, read_model
 
 MAX_BATCH = 128
+MAX_SEEDS = 10**6  # runs per grid point (grid.seeds as a count)
 BATCH_FLOATS = 1 << 22  # cap on batch * n^2: the (batch, n, n) score arrays stay ~32 MiB
 TASKS_PER_POINT = 8  # the default batch cuts a grid point's seeds into at least this many
 MIN_BATCH = 4  # ... unless that makes batches smaller than this
@@ -149,7 +150,7 @@ def parse_spec(raw: Mapping[str, Any], base: str | os.PathLike = ".") -> SweepSp
     t_end = _t_end(grid)
     save_at = grid.get("save_at")
     if isinstance(save_at, int) and not isinstance(save_at, bool):
-        save_at = np.linspace(0.0, t_end, integer(1)("grid.save_at", save_at))
+        save_at = np.linspace(0.0, t_end, integer(1, MAX_SAVE_TIMES)("grid.save_at", save_at))
     elif save_at is not None and not isinstance(save_at, str) and (
             not isinstance(save_at, list) or not all(is_number(t) for t in save_at)):
         raise fail("grid.save_at", "a list of times, a count of times or a text form (log, "
@@ -245,7 +246,7 @@ def _seeds(value: Any) -> tuple[int, ...]:
         if len(set(seeds)) < len(seeds):
             raise fail("grid.seeds", "distinct seed indices", repr(value))
         return seeds
-    return tuple(range(integer(1)("grid.seeds", value)))
+    return tuple(range(integer(1, MAX_SEEDS)("grid.seeds", value)))
 
 
 def _keep(raw: Mapping[str, Any]) -> Keep:
