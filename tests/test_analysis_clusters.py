@@ -168,3 +168,17 @@ def test_min_size_matches_the_clusters_sizes_in_a_batch():
 def test_min_size_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match=r"min_size: expected an integer >= 1"):
         af.analysis.clusters.cluster_count(af.sphere.uniform(5, 3, seed=0), 0.1, min_size=bad)
+
+
+def test_float32_tokens_are_held_to_float32s_tolerance():
+    # unit vectors rounded to float32 are off 1 by ~4e-8, over float64's 1e-8: the points are
+    # checked once, in the dtype they were computed in (a second check after the cast to
+    # float64 refused them)
+    X = uniform(300, 2, seed=0)
+    X32 = (X / np.linalg.norm(X, axis=-1, keepdims=True)).astype(np.float32)
+    off = np.abs(np.linalg.norm(X32.astype(float), axis=-1) - 1).max()
+    assert off > 1e-8
+    want = af.analysis.clusters.cluster_count(X32.astype(float) / np.linalg.norm(
+        X32.astype(float), axis=-1, keepdims=True), 0.01)
+    assert af.analysis.clusters.cluster_count(X32, 0.01) == want
+    assert af.analysis.clusters.clusters(X32, 0.01).count == want

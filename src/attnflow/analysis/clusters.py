@@ -87,7 +87,12 @@ def spanning_tree(X: Any) -> tuple[np.ndarray, np.ndarray]:
     geodesic length of that edge in radians (length[..., 0] = 0). The single-linkage
     clusters at any tolerance follow from this tree (module docstring).
     """
-    X = sphere_points("X", X, quantity="the spanning tree (discrete)")
+    return _tree(sphere_points("X", X, quantity="the spanning tree (discrete)"))
+
+
+def _tree(X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`spanning_tree` of points already checked by `sphere_points` (float64: a second check
+    would hold float32 tokens to float64's tolerance)."""
     batch, (n, d) = X.shape[:-2], X.shape[-2:]
     flat = X.reshape(-1, n, d)
     parent = np.zeros(flat.shape[:2], dtype=np.intp)
@@ -166,7 +171,7 @@ def cluster_count(X: Any, tol: float, min_size: int = 1) -> np.ndarray:
     if isinstance(min_size, (bool, np.bool_)) or not isinstance(min_size, (int, np.integer)) \
             or min_size < 1:
         raise fail("min_size", "an integer >= 1 (tokens in a counted cluster)", repr(min_size))
-    parent, length = spanning_tree(X)
+    parent, length = _tree(X)
     if min_size == 1:
         return 1 + np.count_nonzero(length[..., 1:] > tol, axis=-1)
     return _large_clusters(parent, length <= tol, int(min_size))
@@ -200,7 +205,7 @@ def clusters(X: Any, tol: float) -> Clusters:
     X = sphere_points("X", X, ndim=2, quantity="clusters (a partition)")
     tol = radius("tol", tol)
     n = X.shape[0]
-    parent, length = spanning_tree(X)
+    parent, length = _tree(X)
     keep = np.flatnonzero(length[1:] <= tol) + 1  # tree edges (j, parent[j]) to keep
     graph = coo_matrix((np.ones(len(keep)), (keep, parent[keep])), shape=(n, n))
     count, raw = connected_components(graph, directed=False)

@@ -171,10 +171,10 @@ def _fourier_moduli(X: Any, c: MetricContext) -> Any:
 METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("energy", _energy, "(T, ...)", "1", True,
            "the interaction energy E_beta = (1 / (2 beta n^2)) sum_ij exp(beta (Q x_i)^T K x_j) "
-           "of the directions (attnflow.analysis.energy)", ("beta", "Q", "K")),
+           "of the directions (attnflow.analysis.energy.energy)", ("beta", "Q", "K")),
     Metric("log_energy", _log_energy, "(T, ...)", "1", True,
-           "log E_beta by a shifted log-sum-exp, finite at any beta (attnflow.analysis."
-           "log_energy)", ("beta", "Q", "K")),
+           "log E_beta by a shifted log-sum-exp, finite at any beta "
+           "(attnflow.analysis.energy.log_energy)", ("beta", "Q", "K")),
     Metric("mean_pairwise_cosine", lambda X, c: mean_pairwise_cosine(X), "(T, ...)", "1", True,
            "the mean of cos(x_k, x_l) over the pairs k < l (anisotropy)"),
     Metric("mean_cosine_to_first", lambda X, c: namespace(X).mean(cosine_to_first(X), axis=-1),
