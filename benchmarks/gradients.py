@@ -27,8 +27,10 @@ load average.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -100,10 +102,21 @@ def best_time(call, repeats: int) -> float:
     return min(times)
 
 
-def on_threads(threads: int) -> None:
-    """torch's intra-op threads and attnflow's kernel threads both `threads`."""
+@contextlib.contextmanager
+def on_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads and attnflow's kernel threads both `threads`, restored after
+    (the smoke test runs this script in the test process)."""
+    torch_before, env_before = torch.get_num_threads(), os.environ.get("ATTNFLOW_THREADS")
     torch.set_num_threads(threads)
     os.environ["ATTNFLOW_THREADS"] = str(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(torch_before)
+        if env_before is None:
+            del os.environ["ATTNFLOW_THREADS"]
+        else:
+            os.environ["ATTNFLOW_THREADS"] = env_before
 
 
 def row(name: str, runs: int, n: int, d: int, beta: float, mask: str, steps: int,
@@ -123,10 +136,10 @@ def row(name: str, runs: int, n: int, d: int, beta: float, mask: str, steps: int
     step = adam_step if adam else gradients
     best = {}
     for threads in (1, 2):
-        on_threads(threads)
-        for who, final in (("ours", ours_final), ("plain", plain_final)):
-            t = best_time(lambda final=final: step(final, x0, Q, W, *args), repeats)
-            best[who] = min(best.get(who, np.inf), t)
+        with on_threads(threads):
+            for who, final in (("ours", ours_final), ("plain", plain_final)):
+                t = best_time(lambda final=final: step(final, x0, Q, W, *args), repeats)
+                best[who] = min(best.get(who, np.inf), t)
     load = os.getloadavg()[0]
     return (f"| {name} | B={runs}, n={n}, d={d}, {mask}, beta={beta:g}, {steps} steps | "
             f"{kernel} | {best['ours'] * 1e3:.1f} ms | {best['plain'] * 1e3:.1f} ms | "
@@ -152,11 +165,11 @@ def kernel_row(d: int, runs: int, n: int, repeats: int) -> str:
     assert err <= 1e-12, f"kernel d={d}: fused and SDPA gradients differ by {err:.2e}"
     best = {}
     for threads in (1, 2):
-        on_threads(threads)
-        for who, kernel in (("fused", fused_torch.attend_tensor),
-                            ("sdpa", torch_kernel.attend_tensor)):
-            t = best_time(lambda kernel=kernel: call(kernel), repeats)
-            best[who] = min(best.get(who, np.inf), t)
+        with on_threads(threads):
+            for who, kernel in (("fused", fused_torch.attend_tensor),
+                                ("sdpa", torch_kernel.attend_tensor)):
+                t = best_time(lambda kernel=kernel: call(kernel), repeats)
+                best[who] = min(best.get(who, np.inf), t)
     return (f"| kernel d={d} | B={runs}, n={n}, causal, beta=64, one call | fused vs SDPA | "
             f"{best['fused'] * 1e3:.2f} ms | {best['sdpa'] * 1e3:.2f} ms | "
             f"{best['fused'] / best['sdpa']:.3f} | {os.getloadavg()[0]:.1f} |")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnflow._array import dtype_name, to_numpy
+from attnflow._array import TOKEN_DTYPES, dtype_name, to_numpy
 from attnflow._checks import fail
 from attnflow._datafiles import (
     MAX_BYTES,
@@ -372,13 +372,16 @@ def _from_dataset(path: Any, ds: xr.Dataset) -> Trajectory:
 def _check_dtype(path: Any, rec: dict[str, Any], dtype: np.dtype) -> None:
     """The states' dtype is the one the record says the run kept: its "dtype" (files of
     this version), else a tensor run's integrator "dtype", float32 for store "float32",
-    float32 or float64 for the rest."""
+    float32 or float64 for the rest; a record naming another dtype names no run attnflow
+    keeps (`_array.TOKEN_DTYPES`)."""
     integrator = rec["integrator"]
     said = rec.get("dtype", integrator.get("dtype"))
     if said is None and integrator.get("store") == "float32":
         said = "float32"
     if said is None:
-        ok, want = dtype in (np.float32, np.float64), "float32 or float64 states"
+        ok, want = str(dtype) in TOKEN_DTYPES, "float32 or float64 states"
+    elif str(said) not in TOKEN_DTYPES:
+        ok, want = False, f"float32 or float64 states (a run keeps no {said} states)"
     else:
         ok, want = str(dtype) == str(said), f"{said} states (the record's run)"
     if not ok:
