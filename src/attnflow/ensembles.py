@@ -31,7 +31,7 @@ Progress = Callable[[float], None]  # called with the time reached
 # operating system between steps by glibc's malloc and faulted in again page by page: one
 # thread, the paper's W1 ensemble (n = 200, d = 2, float64, 1000 runs, 3.2 MB a state):
 # 580-1250 page faults per field evaluation (it varies with glibc's adaptive threshold) and
-# up to +24% time over the kernel alone; in pieces 0-85 (2026-12-03, 2-core AVX-512 AMD
+# up to +24% time over the kernel alone; in pieces 0-85 (2-core AVX-512 AMD
 # EPYC, benchmarks/RESULTS.md).
 PIECE_BYTES = 1 << 20
 

@@ -65,8 +65,8 @@ def project(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 # Up to this many coordinates the row loops get d fixed at compile time (one function per d,
 # cached on disk): LLVM then unrolls them and vectorises across rows, 2.5-4.6x faster at
-# d = 2, 3 (the paper's sizes) than with d read at run time, bit-identical (measured
-# 2026-12-02, (64 000, 2) float32 and float64 arrays, benchmarks/RESULTS.md); above it the
+# d = 2, 3 (the paper's sizes) than with d read at run time, bit-identical (measured on
+# (64 000, 2) float32 and float64 arrays, benchmarks/RESULTS.md); above it the
 # loops over coordinates vectorise by themselves (d = 64: even).
 SMALL_D = 8
 

@@ -5,7 +5,7 @@ per claim of the follow-up literature (§6) and of real decoders (§7), and per 
 `RECIPES` maps each recipe's name to its module, in the order of the report; `SUITES` groups
 them: "paper" (the seed paper), "followups" (the follow-up literature and a real model),
 "closedforms" (the closed forms of 2025-26, docs/science.md §11), "gradients" (what
-gradients through the torch engine make possible, issue 41); the names are listed here
+gradients through the torch engine make possible); the names are listed here
 only. `cause_of` gives the ledger's measured cause of a verdict short of "reproduced";
 `references_of` gives the papers a recipe checks: its module's
 ``PAPERS`` (arXiv ids of `attnflow.references.REFERENCES`), the seed paper for the paper suite.

@@ -74,7 +74,7 @@ QUICK: dict[str, Any] = {"n": 32, "beta": 9.0, "t_end": 500.0, "seeds": 10,
                          "long_method": "bdf", "long_bases": ["orthonormal"],
                          "long_qk": ["identity"]}
 FULL: dict[str, Any] = {**QUICK, "t_end": 5000.0, "seeds": 20, "long_t_end": 1e5}
-# Measured (2026-12-02, 2 shared cores): the T = 5000 part 8.4 min wall, 7.5 min CPU; the
+# Measured (2 shared cores): the T = 5000 part 8.4 min wall, 7.5 min CPU; the
 # long horizon in Fig. 1's setting 74 s for 10 runs per row (so about 2.5 min for 20). With
 # every setting the long horizon did not finish in 48 min (module docstring).
 FULL_MINUTES = 12

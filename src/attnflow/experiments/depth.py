@@ -1,6 +1,6 @@
 """Real networks through depth: the diagnostics battery on SmolLM2-135M, Gemma 3 270M and
-all-MiniLM-L6-v2, each as its real network and as its idealised twin (docs/science.md §7-8;
-issue 21).
+all-MiniLM-L6-v2, each as its real network and as its idealised twin (docs/science.md
+§7-8).
 
 The models are family Stacks (`attnflow.pretrained.build.model_stack`: the decoders pre- or
 peri-LN with RMSNorm and causal attention; MiniLM, an encoder, post-LN with its trained
@@ -14,7 +14,7 @@ diagnostic gets one figure, with both models and both networks.
 MiniLM's attention is full, not causal: Theorem 4.1's mechanism (token 1 sees only itself)
 does not act there, so its first-token verdict is a contrast, not a test of the theorem.
 
-Claims (criteria in the ledger, claims.toml, depth.*; issue 21's): the attention sink (Gu et
+Claims (criteria in the ledger, claims.toml, depth.*): the attention sink (Gu et
 al., ICLR 2025: the sink rate over the heads of layers 2 and up), anisotropy through depth
 (Ethayarajh, EMNLP 2019), and the first token leading (Theorem 4.1 carried to trained weights).
 """

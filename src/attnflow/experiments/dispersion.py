@@ -58,7 +58,7 @@ QUICK: dict[str, Any] = {
     "solver_eps": 1e-7, "unnormalised_betas": [9],
 }
 FULL: dict[str, Any] = {**QUICK, "n": 100_000, "runs": 16}
-FULL_MINUTES = 5  # measured: 4.7 min of CPU time, 19 min wall (2026-12-03, load up to 14)
+FULL_MINUTES = 5  # measured: 4.7 min of CPU time, 19 min wall (load up to 14)
 
 TWO_PI = 2 * np.pi
 

@@ -39,7 +39,7 @@ QUICK: dict[str, Any] = {"settings": [[2, 6], [2, 16], [3, 16]], "betas": [1.0, 
                          "drop_tol": 1e-6}
 FULL: dict[str, Any] = {**QUICK, "settings": [[2, 6], [2, 16], [2, 32], [3, 16], [3, 32]],
                         "runs": 128}
-FULL_MINUTES = 3  # measured: 2.5 min of CPU time (2026-12-01, shared machine)
+FULL_MINUTES = 3  # measured: 2.5 min of CPU time (shared machine)
 
 ATTENTIONS = ("softmax", "unnormalised")
 

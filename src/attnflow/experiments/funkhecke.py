@@ -61,7 +61,7 @@ QUICK: dict[str, Any] = {
 FULL: dict[str, Any] = {**QUICK, "betas": [4.0, 9.0, 25.0], "lmax": 6, "hold": 30.0,
                         "clustered": True, "particle_betas": [4.0, 9.0], "n": 100_000,
                         "runs": 16}
-FULL_MINUTES = 17  # measured: 991 s of CPU (2026-12-04, load 10-17), mostly the particles
+FULL_MINUTES = 17  # measured: 991 s of CPU (load 10-17), mostly the particles
 SIGMA = 1.0
 
 

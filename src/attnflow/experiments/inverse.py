@@ -1,5 +1,5 @@
 """Recovering beta Q^T K and V from a noisy trajectory by gradient descent on the misfit
-(docs/science.md §11.8; issue 41, "what gradients make possible").
+(docs/science.md §11.8; "what gradients make possible").
 
 The truth: causal attention on S^2 (d = 3), B = beta Q^T K with beta = 2 and Q^T K = A, A the
 matrix `A_RAW` scaled to |A|_F = sqrt(3) (the identity's norm: the convention that separates
@@ -50,7 +50,7 @@ QUICK: dict[str, Any] = {
 }
 FULL: dict[str, Any] = {**QUICK, "sigmas": [1e-4, 1e-3, 1e-2], "ns": [8, 16, 32, 64, 128],
                         "ms": [5, 10, 20, 40], "seeds": 8, "draws": 2}
-FULL_MINUTES = 9  # measured: 491 s of CPU (968 s wall at load 5-18; 2026-12-04), 160 fits
+FULL_MINUTES = 9  # measured: 491 s of CPU (968 s wall at load 5-18), 160 fits
 
 D, BETA, T_END, DT = 3, 2.0, 2.0, 0.05
 A_RAW = np.array([[1.0, 0.4, 0.0], [-0.3, 0.8, 0.5], [0.2, 0.0, 1.2]])

@@ -1,5 +1,5 @@
 """The ablation ladder: from a real decoder (SmolLM2-135M) to the model of Theorem 4.1, one
-ingredient at a time (docs/science.md §4, §7-8; issue 21).
+ingredient at a time (docs/science.md §4, §7-8).
 
 Every rung is a family model run by Euler with dt = 1 for as many layers as the real network
 has (`depth` = n_layers), on the first `n_tokens` tokens of the paragraph:

@@ -1,5 +1,5 @@
 """Looped real decoders: the whole stack applied again and again, weights tied across depth
-(docs/science.md §7-8; issue 21), in the spirit of Rodríguez Abella, Silvestre and Tabuada
+(docs/science.md §7-8), in the spirit of Rodríguez Abella, Silvestre and Tabuada
 (ICML 2025), who looped GPT-2 and GPT-Neo.
 
 Pass p applies every layer of the real Stack (`decoder_stack`, Euler with dt = 1: one pass is
@@ -12,7 +12,7 @@ the first `n_tokens` tokens of the paragraph,
 * the mean pairwise cosine, the mean cosine to token 1, and the spread of the token norms
   (`attnflow.analysis.depth`).
 
-Claims (criteria in the ledger, looped.*; issue 21's): looped attention-only weights reach
+Claims (criteria in the ledger, looped.*): looped attention-only weights reach
 consensus; looped full blocks concentrate.
 """
 
@@ -43,7 +43,7 @@ TITLE = "Looped real decoders: the whole stack applied again and again (tied wei
 QUICK: dict[str, Any] = {"models": ["smollm2", "gemma3-270m"], "n_tokens": 12, "passes": 50}
 FULL: dict[str, Any] = {**QUICK, "n_tokens": 48, "passes": 200}
 FULL_MINUTES = 5
-WITHIN = 50  # the claims' horizon: "within 50 passes", "after 50 passes" (issue 21)
+WITHIN = 50  # the claims' horizon: "within 50 passes", "after 50 passes"
 FALLING = 10  # "keeps falling": no rise over the last this many passes (the ledger's measure)
 VARIANTS = {"attention only": False, "full blocks": True}  # label -> mlp
 MEASURES = ("consensus_gap", "mean_pairwise_cosine", "mean_cosine_to_first", "norm_spread")

@@ -54,9 +54,9 @@ QUICK: dict[str, Any] = {
 FULL: dict[str, Any] = {**QUICK, "n": 1000, "runs": 8, "merge_runs": 24,
                         "merge_betas": [3, 4, 5, 6, 7], "large_n": 100_000, "large_runs": 2,
                         "large_betas": [4, 9, 16, 25, 49, 100], "bridge_n": 100_000}
-# measured: 8.4 min of CPU time, 20 min wall with the large-n count (2026-12-03, a shared
+# measured: 8.4 min of CPU time, 20 min wall with the large-n count (a shared
 # machine at load up to 14); 5.7 min of CPU time before it. The bridge at n = 1e5 (beta 4,
-# 16, 64) adds 7.7 min wall (2026-12-04, a machine at load 10-17; CPU time not measured)
+# 16, 64) adds 7.7 min wall (a machine at load 10-17; CPU time not measured)
 FULL_MINUTES = 12
 
 

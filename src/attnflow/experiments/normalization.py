@@ -49,7 +49,7 @@ QUICK: dict[str, Any] = {
 }
 FULL: dict[str, Any] = {**QUICK, "random_runs": 16, "slow_t_end": 100.0,
                         "slow_norms": list(NORMS)}
-FULL_MINUTES = 3  # measured: 2.4 min of CPU time (2026-12-01, shared machine)
+FULL_MINUTES = 3  # measured: 2.4 min of CPU time (shared machine)
 
 # The decay laws the equiangular ODE gives near rho = 1 (module docstring).
 EXPECTED = {"post": ("exponential", 2.0), "pre": ("power", 2.0), "peri": ("power", 2.0),

@@ -1,4 +1,4 @@
-"""The idealised model fitted to each layer of a real decoder (issue 41, "what gradients make
+"""The idealised model fitted to each layer of a real decoder ("what gradients make
 possible", 3; docs/science.md §7).
 
 For each layer of SmolLM2-135M and Gemma 3 270M (read from their installed GGUF files, the

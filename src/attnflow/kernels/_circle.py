@@ -39,7 +39,7 @@ dependences between fields (constant distances, no wraparound); the lane loops r
 bound passed at run time (`nl`, always LANES), which keeps them loops for the vectoriser
 instead of unrolled straight code. (Measured, n = 1e6, beta = 64, causal, one thread: rows
 0.06-0.07 s plus segment totals 0.03-0.04 s, against 0.14-0.17 s of rows one token at a
-time; benchmarks/RESULTS.md, 2026-12-05.)
+time; benchmarks/RESULTS.md.)
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ For one query row of a tile of `lanes` runs (a lane-last tile, `attnflow.kernels
 Why IR and not a numba loop: LLVM vectorises the numba loop, but then keeps the running sums
 in memory (a store of every sum for every key) and rematerialises the exp's constants inside
 the loop; here the sums are phi values held in registers across the keys. That alone ran no
-faster (measured), the win is the exp it makes possible (benchmarks/RESULTS.md, 2026-12-03):
+faster (measured), the win is the exp it makes possible (benchmarks/RESULTS.md):
 
     2^x = 2^n * T[k] * 2^(t / L),  with L the lanes of one register (8 float64, 16 float32),
     m = round(L x) = L n + k (k in [0, L)),  t = L x - m  (exact, |t| <= 1/2),

@@ -31,7 +31,7 @@ __all__ = ["SUPPORTS", "attend", "choose", "choose_tensor", "harmonic_or_blocked
 
 SUPPORTS = ALL  # every option: calls that need one the fast kernels lack go to dense
 
-# Thresholds measured 2026-11-30 (d = 2, causal, beta = 64, one call on 2 threads):
+# Thresholds measured (d = 2, causal, beta = 64, one call on 2 threads):
 # fused vs blocked at 200 tokens: 4 runs 0.63 vs 0.34 ms, 6 runs 0.49 vs 0.47, 8 runs 0.53 vs
 # 0.66, 12 runs 0.51 vs 0.85 (fused costs the same per tile of 32 runs, however full);
 # 8 x 64 tokens: fused 0.09, blocked 0.32, dense 0.25 ms. Single runs: dense 0.060 vs blocked
@@ -40,14 +40,14 @@ MIN_RUNS_FUSED = 8  # runs from which the fused kernel beats the others
 MAX_HEAD_FUSED = 16  # head sizes e, f up to which its unrolled loops pay
 # On CPU tensors, the fused kernel with its fused backward against SDPA with its own, one
 # causal call forward + backward, B 32, n 200, beta 64, float64, better of 1 and 2 threads
-# (benchmarks/gradients.py, 2026-12-08, AVX2, machine loaded: load 4): 0.63x at d = 2,
+# (benchmarks/gradients.py, AVX2, machine loaded: load 4): 0.63x at d = 2,
 # 0.72x at 3, 0.57x at 8, 2.7x at 16 (its lane tiles of 16 coordinates spill).
 MAX_HEAD_FUSED_TENSOR = 8
 # Below this many pair evaluations per call a call is too small for the fused kernel's
 # one-off compilation (seconds per head sizes and dtype, then cached on disk) to matter.
 MIN_PAIRS_FUSED = 10_000
 MIN_TOKENS_BLOCKED = 96  # tokens from which the blocked kernel beats the dense one
-# Harmonic against blocked, one causal run, 2 threads, 2026-12-03 (benchmarks/RESULTS.md):
+# Harmonic against blocked, one causal run, 2 threads (benchmarks/RESULTS.md):
 # even at 3-4 tokens per feature on the circle (beta 64 and 1000) and about 4 on S^2 (beta 9).
 MIN_TOKENS_PER_FEATURE = 4
 # Against fused, 8 and 64 runs, same day (shared machine): even at 4-6 tokens per feature on

@@ -22,11 +22,11 @@ run 1.7-2x faster, benchmarks/RESULTS.md):
   per thread's share of query blocks (`_query_blocks`): no Python, no GIL between block
   pairs (with a Python loop over query blocks, n = 256 and 1024, d = 2 and 64, medians of
   100 alternating calls, ran 1.07-1.12x slower on two threads and 0.98-1.04x on one, on a
-  2-core AVX-512 AMD EPYC, 2026-12-02);
+  2-core AVX-512 AMD EPYC);
 * threads share whole query blocks of every run at once (`attnflow.parallel`, heaviest
   first; units of (query block, run), so that several heads of one or two blocks each still
   fill both cores: 9 heads of 128-512 tokens, d = 64, 1.25-1.42x faster than run by run on
-  two threads, 2-core AVX-512 AMD EPYC, 2026-12-02), each with
+  two threads, 2-core AVX-512 AMD EPYC), each with
   single-threaded BLAS (threadpoolctl; for calls from the main thread): a score block stays
   in its core's L2 cache from Q_b K_c^T through the exp pass to P V_c, and threads never
   wait for each other inside a block (two-thread BLAS on each block plus a threaded exp
@@ -47,7 +47,7 @@ run 1.7-2x faster, benchmarks/RESULTS.md):
   subnormal slow path), fused with the row sums;
 * for heads of at most SMALL_HEAD coordinates (the paper's d = 2) the two products are
   vectorised numba loops over the keys instead of BLAS calls, whose inner dimension of a few
-  made them cost more than the exp pass (measured 2026-12-02 on an AVX2 AMD EPYC, one
+  made them cost more than the exp pass (measured on an AVX2 AMD EPYC, one
   thread, n = 4096: d = 2 float64 2.20 -> 1.61 ns per causal pair, float32 0.91 -> 0.73;
   d = 4 about even, d = 8 BLAS 20-30% faster).
 
@@ -83,7 +83,7 @@ SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.opti
 SMALL_HEAD = 4  # head sizes up to which the products are numba loops, not BLAS
 BLOCK = 256  # keys per block, queries too below LONGER: 512 kB float64 score blocks, in L2
 # Below LONG tokens, BLAS products (heads above SMALL_HEAD) take blocks of SHORT_BLOCK: twice
-# the query blocks to share among threads. Measured 2026-12-02 on the 2-core AVX2 AMD EPYC,
+# the query blocks to share among threads. Measured on the 2-core AVX2 AMD EPYC,
 # d = 64, two threads, another session's load on the machine (best / median of 7-15,
 # alternating, benchmarks/RESULTS.md): n = 1024 float64 5.9 / 7.3 ms against 8.1 / 12.1 with
 # 256, float32 even; n = 2048 float64 20.5 / 27.5 against 28.3 / 30.0, float32 12.5 / 14.8
@@ -92,7 +92,7 @@ BLOCK = 256  # keys per block, queries too below LONGER: 512 kB float64 score bl
 LONG, SHORT_BLOCK = 4096, 128
 # From LONGER tokens such heads take query blocks of LONGER_BLOCK against key blocks of BLOCK
 # (keys per block are never more than BLOCK): each key block's products then serve twice the
-# queries. Measured 2026-12-02 on a 2-core AVX-512 AMD EPYC (Zen 5), d = 64, causal, two
+# queries. Measured on a 2-core AVX-512 AMD EPYC (Zen 5), d = 64, causal, two
 # threads, benchmarks/RESULTS.md: n = 65 536 float32 0.57 -> 0.71 of the GEMM rate with
 # OpenBLAS's AVX-512 kernels, float64 0.69 -> 0.72; n = 16 384 with its AVX2 kernels float32
 # 0.85 -> 0.86, float64 0.79 -> 0.82.

@@ -25,7 +25,7 @@ What makes it fast (benchmarks/RESULTS.md):
 * the tiles and the running sums are arguments, allocated on cache lines (`_aligned_zeros`),
   whose data pointers the kernel declares non-overlapping (`_simd.arrays_do_not_overlap`):
   LLVM then keeps the row's queries, shifts and sums in registers across the keys instead of
-  reloading and storing them for every key (measured 2026-12-02 on an AVX-512 Zen 5, one
+  reloading and storing them for every key (measured on an AVX-512 Zen 5, one
   thread, interleaved in one process: float64 0.54-0.58 -> 0.48-0.51 ns per causal pair,
   float32 0.27-0.30 -> 0.21-0.23; with AVX2 even);
 * tiles are shared among threads (`attnflow.parallel`), both cores.
@@ -315,7 +315,7 @@ def _scratch(n: int, m: int, e: int, f: int, lanes: int, dtype: np.dtype) -> tup
     (rows n..: the memory keys and values), k_max, offset, total (lanes,). This thread's
     arrays of its last call when the sizes match and they are small (SCRATCH_KEPT), else new
     ones: allocating and zeroing them took 100 us of a 4.4 ms call of 256 W1 runs, right
-    after a kernel call (2026-12-03, AVX-512 AMD EPYC). The kernel writes every lane it
+    after a kernel call (AVX-512 AMD EPYC). The kernel writes every lane it
     reads (it zeroes the empty lanes of a batch's last tile)."""
     sizes = (n, m, e, f, lanes, dtype)
     kept = getattr(_THREAD, "scratch", None)

@@ -11,7 +11,7 @@ float mask over the n + m keys (the score bias, or 0, where allowed, -inf elsewh
 for the memory columns), which holds (n, n + m) numbers: for long sequences with such masks
 use the "blocked" kernel.
 Every call goes to torch as (batch, 1, n, .) tensors: with fewer axes torch's CPU SDPA takes
-its math path, which holds the n x n scores (measured 2026-12-02, n = 4096, d = 64, float32,
+its math path, which holds the n x n scores (measured at n = 4096, d = 64, float32,
 two threads: 0.8-0.9 s for (n, d) and (1, n, d) tensors, 0.11 s for (1, 1, n, d); at
 n = 16 384, 33 s and 3.5 GB against 1.7 s and 0.2 GB).
 """
@@ -35,7 +35,7 @@ SUPPORTS = frozenset({"bias"})  # options beside softmax (`attnflow.kernels.opti
 # What `attend_tensor` has on tensors: every option but hardmax (beta = +-inf).
 TENSOR_SUPPORTS = frozenset({"bias", "unnormalised", "positional", "sinkhorn"})
 # Head sizes below this are padded with zero columns inside the kernel on CUDA: SDPA's fused
-# kernels want a multiple of 8 (issue 41, H200: a causal evaluation at d = 2, n = 1e5 took
+# kernels want a multiple of 8 (H200: a causal evaluation at d = 2, n = 1e5 took
 # 0.227 s as (n, 2) and 0.035 s padded to 8 columns; at n = 1e6 the unpadded call asked for
 # 931 GiB). Zero columns change no score and no value.
 PAD_HEAD = 8

@@ -1,5 +1,5 @@
 """The paper's idealised attention model fitted to a real layer's motion of directions
-(docs/science.md §7; issue 41, recipe `realfit`).
+(docs/science.md §7; recipe `realfit`).
 
 A layer of a trained decoder maps the residual stream x (n, d) to x'. On the sphere of
 directions u_i = x_i / |x_i| its change, projected on the tangent space at u_i, is
